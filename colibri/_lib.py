@@ -1,0 +1,111 @@
+"""Finding, (building) and opening libcolibri.so through cffi (ABI mode).
+
+The declarations come from the CFFI block of kernels/colibri.h, so the header is
+the single source of truth for the C API.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import cffi
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADER = ROOT / "kernels" / "colibri.h"
+
+_lock = threading.Lock()
+_opened: dict[str, object] = {}
+
+
+class ColibriError(RuntimeError):
+    """A call into the C engine failed; the message is the engine's own."""
+
+
+class LibraryNotFound(ColibriError):
+    """No usable libcolibri.so could be found or built."""
+
+
+def _cdef_source() -> str:
+    text = HEADER.read_text()
+    m = re.search(r"/\* CFFI-BEGIN \*/(.*?)/\* CFFI-END \*/", text, re.S)
+    if not m:
+        raise LibraryNotFound(f"{HEADER} has no CFFI-BEGIN/CFFI-END block")
+    return m.group(1)
+
+
+ffi = cffi.FFI()
+ffi.cdef(_cdef_source())
+
+
+def build_dir_default() -> Path:
+    return Path(os.environ.get("COLIBRI_BUILD_DIR", ROOT / "build"))
+
+
+def default_library_path() -> Path:
+    """The library this host should use, building the default one if missing.
+
+    Order: $COLIBRI_LIB; the tuned library for this host
+    (build/tuned/<host-id>/libcolibri.so); the default build of the profile that
+    matches this host (built with scons on first use).
+    """
+    env = os.environ.get("COLIBRI_LIB")
+    if env:
+        return Path(env)
+    from tuner import hostmatch  # light import: no numpy, no building
+
+    tuned = hostmatch.tuned_library_path(build_dir_default())
+    if tuned is not None and tuned.exists():
+        return tuned
+    profile = hostmatch.host_profile_name()
+    path = build_dir_default() / profile / "libcolibri.so"
+    if not path.exists():
+        build_profile(profile)
+    return path
+
+
+def build_profile(profile: str, *, config: str | os.PathLike | None = None,
+                  build_dir: str | os.PathLike | None = None, quiet: bool = False) -> Path:
+    """Run `scons profile=NAME [config=..] [build_dir=..]` in the repository; returns the library."""
+    out = Path(build_dir) if build_dir is not None else build_dir_default()
+    if not quiet:
+        print(f"colibri: building the library for profile '{profile}' (scons profile={profile}"
+              f"{f' config={config}' if config else ''})", file=sys.stderr)
+    cmd = [sys.executable, "-m", "SCons", "-Q", f"profile={profile}", f"build_dir={out}"]
+    if config is not None:
+        cmd.append(f"config={config}")
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise LibraryNotFound(
+            f"building profile '{profile}' failed (exit {res.returncode}):\n"
+            f"{res.stdout[-4000:]}{res.stderr[-4000:]}")
+    return out / profile / "libcolibri.so"
+
+
+def open_library(path: str | os.PathLike | None = None):
+    """Open (once per path) and return the cffi library object."""
+    p = Path(path) if path is not None else default_library_path()
+    key = str(p.resolve())
+    with _lock:
+        lib = _opened.get(key)
+        if lib is None:
+            if not p.exists():
+                raise LibraryNotFound(f"no library at {p}")
+            from tuner import hostmatch
+
+            hostmatch.check_library_runs_here(p)
+            lib = ffi.dlopen(key)
+            _opened[key] = lib
+    return lib
+
+
+def last_error(lib) -> str:
+    return ffi.string(lib.colibri_last_error()).decode("utf-8", "replace")
+
+
+def check(lib, status: int, what: str) -> None:
+    if status != 0:
+        raise ColibriError(f"{what}: {last_error(lib)}")

@@ -1,0 +1,147 @@
+"""MoELayer and route(): the engine's layer and router from Python."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import quant
+from ._checks import f32_array, positive_int
+from ._lib import check, ffi, open_library
+
+SCORINGS = {"softmax": 0, "softmax_topk": 1}
+PAGE_KINDS = {0: "normal", 1: "thp", 2: "hugetlb", 3: "file"}
+
+
+def _route_config(n_experts, top_k, scoring, norm_topk_prob, dyn_p, k_min, k_max):
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {sorted(SCORINGS)}, got {scoring!r}")
+    top_k = positive_int("top_k", top_k)
+    if dyn_p and dyn_p > 0:
+        k_max = top_k if k_max is None else positive_int("k_max", k_max)
+        k_min = positive_int("k_min", k_min)
+        if not 0 < dyn_p <= 1 or not 1 <= k_min <= k_max <= n_experts:
+            raise ValueError(f"dynamic routing needs 0 < dyn_p <= 1 and 1 <= k_min <= k_max <= "
+                             f"n_experts ({n_experts}); got dyn_p={dyn_p}, k_min={k_min}, k_max={k_max}")
+    elif top_k > n_experts:
+        raise ValueError(f"top_k ({top_k}) must be <= the number of experts ({n_experts})")
+    cfg = ffi.new("colibri_route_config *")
+    cfg.scoring = SCORINGS[scoring]
+    cfg.top_k = top_k
+    cfg.norm_topk_prob = 1 if norm_topk_prob else 0
+    cfg.dyn_p = float(dyn_p or 0.0)
+    cfg.k_min = int(k_min) if dyn_p else 0
+    cfg.k_max = int(k_max) if dyn_p else 0
+    return cfg
+
+
+def route(logits, top_k, *, scoring="softmax", norm_topk_prob=True, dyn_p=0.0, k_min=1,
+          k_max=None, lib=None):
+    """Route float32 logits [T, E] -> (indices int32 [T, slots], weights float32 [T, slots]).
+
+    slots = top_k, or k_max in dynamic mode (unused slots: index -1, weight 0)."""
+    logits = f32_array("logits", logits, (None, None))
+    T, E = logits.shape
+    cfg = _route_config(E, top_k, scoring, norm_topk_prob, dyn_p, k_min, k_max)
+    lib = open_library(lib)
+    slots = lib.colibri_route_slots(cfg)
+    idx = np.empty((T, slots), np.int32)
+    w = np.empty((T, slots), np.float32)
+    check(lib, lib.colibri_route(ffi.from_buffer("float[]", logits), T, E, cfg,
+                                 ffi.from_buffer("int32_t[]", idx), ffi.from_buffer("float[]", w),
+                                 ffi.NULL), "colibri_route")
+    return idx, w
+
+
+class MoELayer:
+    """One Mixture-of-Experts layer held by the C engine.
+
+    router [E, H], gate/up [E, I, H], down [E, H, I]: float32 arrays, converted to
+    `weight_dtype` ("f32", "bf16", "int8") and copied into one arena. Optional shared
+    expert: shared_gate/up [S, H], shared_down [H, S], gated by sigmoid(shared_expert_gate . x)
+    when shared_expert_gate [H] is given. Calling the layer on float32 x [T, H] returns
+    moe(x) [T, H] (no residual)."""
+
+    def __init__(self, router, gate, up, down, *, top_k, scoring="softmax", norm_topk_prob=True,
+                 shared_gate=None, shared_up=None, shared_down=None, shared_expert_gate=None,
+                 weight_dtype="f32", threads=None, lib=None, dyn_p=0.0, k_min=1, k_max=None,
+                 hugepages=False, numa_node=None):
+        if weight_dtype not in quant.DTYPES:
+            raise ValueError(f"weight_dtype must be one of {quant.DTYPES}, got {weight_dtype!r}")
+        router = f32_array("router", router, (None, None))
+        E, H = router.shape
+        gate = f32_array("gate", gate, (E, None, H))
+        I = gate.shape[1]
+        up = f32_array("up", up, (E, I, H))
+        down = f32_array("down", down, (E, H, I))
+        shared = [shared_gate, shared_up, shared_down]
+        if any(a is not None for a in shared) and any(a is None for a in shared):
+            raise ValueError("shared_gate, shared_up and shared_down go together")
+        S = 0
+        if shared_gate is not None:
+            shared_gate = f32_array("shared_gate", shared_gate, (None, H))
+            S = shared_gate.shape[0]
+            shared_up = f32_array("shared_up", shared_up, (S, H))
+            shared_down = f32_array("shared_down", shared_down, (H, S))
+        if shared_expert_gate is not None:
+            if S == 0:
+                raise ValueError("shared_expert_gate needs a shared expert")
+            shared_expert_gate = f32_array("shared_expert_gate", shared_expert_gate, (H,))
+        self.threads = 0 if threads is None else positive_int("threads", threads)
+        self.hidden, self.inter, self.n_experts, self.shared_inter = H, I, E, S
+        self.top_k, self.weight_dtype = top_k, weight_dtype
+        self._lib = lib = open_library(lib)
+
+        d = ffi.new("colibri_layer_desc *")
+        d.hidden, d.inter, d.n_experts, d.shared_inter = H, I, E, S
+        d.route = _route_config(E, top_k, scoring, norm_topk_prob, dyn_p, k_min, k_max)[0]
+        d.weight_dtype = quant.DTYPE_CODES[weight_dtype]
+        d.hugepages = 1 if hugepages else 0
+        d.numa_node = -1 if numa_node is None else int(numa_node)
+        keep = [router]  # arrays must outlive the create call (C copies them)
+
+        def put(field, a, scale_field=None):
+            stored, scales = quant.encode(a, weight_dtype)
+            keep.append(stored)
+            setattr(d, field, ffi.from_buffer(stored))
+            if scales is not None:
+                keep.append(scales)
+                setattr(d, scale_field, ffi.from_buffer("float[]", scales))
+
+        d.router = ffi.from_buffer("float[]", router)
+        put("gate", gate, "gate_scales")
+        put("up", up, "up_scales")
+        put("down", down, "down_scales")
+        if S:
+            put("shared_gate", shared_gate, "shared_gate_scales")
+            put("shared_up", shared_up, "shared_up_scales")
+            put("shared_down", shared_down, "shared_down_scales")
+            if shared_expert_gate is not None:
+                keep.append(shared_expert_gate)
+                d.shared_expert_gate = ffi.from_buffer("float[]", shared_expert_gate)
+        ptr = lib.colibri_layer_create(d)
+        if ptr == ffi.NULL:
+            check(lib, 1, "colibri_layer_create")
+        self._ptr = ffi.gc(ptr, lib.colibri_layer_free)
+
+    @property
+    def page_kind(self) -> str:
+        return PAGE_KINDS.get(self._lib.colibri_layer_page_kind(self._ptr), "unknown")
+
+    @property
+    def weight_bytes(self) -> int:
+        return int(self._lib.colibri_layer_weight_bytes(self._ptr))
+
+    def __call__(self, x, out=None):
+        x = f32_array("x", x, (None, self.hidden))
+        if out is None:
+            out = np.empty_like(x)
+        else:
+            out = f32_array("out", out, x.shape)
+            if np.shares_memory(x, out):
+                raise ValueError("out must not overlap x")
+        T = x.shape[0]
+        if T == 0:
+            return out
+        check(self._lib, self._lib.colibri_layer_forward(
+            self._ptr, ffi.from_buffer("float[]", x), ffi.from_buffer("float[]", out), T,
+            self.threads), "colibri_layer_forward")
+        return out

@@ -1,0 +1,95 @@
+"""The NumPy reference of the MoE layer, in float64: what the engine must compute.
+
+Routing and expert math follow the models' reference code (Hugging Face
+Qwen3-MoE / Mixtral / OLMoE / Qwen2-MoE): softmax over all experts then top-k
+(optionally renormalised), or top-k logits then softmax over those k; experts
+SwiGLU `down(silu(gate x) * (up x))`; shared expert scaled by sigmoid(w . x).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
+    z = z - np.max(z, axis=axis, keepdims=True)
+    e = np.exp(z)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def route(logits, top_k, scoring="softmax", norm_topk_prob=True, dyn_p=0.0, k_min=1, k_max=None):
+    """Per token: (list of expert indices, list of weights), float64.
+
+    Order: descending score, ties to the lower index (a stable sort)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    out = []
+    for row in logits:
+        order = np.argsort(-row, kind="stable")
+        p = softmax(row)
+        if dyn_p > 0:
+            cum = np.cumsum(p[order])
+            n = int(np.searchsorted(cum, dyn_p) + 1)  # first position with cum >= p
+            n = min(max(n, k_min), k_max)
+            idx = order[:n]
+            w = p[idx]
+            if norm_topk_prob or scoring == "softmax_topk":
+                w = w / w.sum()
+        elif scoring == "softmax":
+            idx = order[:top_k]
+            w = p[idx]
+            if norm_topk_prob:
+                w = w / w.sum()
+        elif scoring == "softmax_topk":
+            idx = order[:top_k]
+            w = softmax(row[idx])
+        else:
+            raise ValueError(f"unknown scoring {scoring!r}")
+        out.append((idx, w))
+    return out
+
+
+def silu(z):
+    return z / (1.0 + np.exp(-z))
+
+
+def expert(x, gate, up, down):
+    """x [n, H] float64; gate/up [I, H]; down [H, I]."""
+    return (silu(x @ gate.T) * (x @ up.T)) @ down.T
+
+
+def moe_layer(x, router, gate, up, down, *, top_k, scoring="softmax", norm_topk_prob=True,
+              dyn_p=0.0, k_min=1, k_max=None, shared_gate=None, shared_up=None,
+              shared_down=None, shared_expert_gate=None):
+    """y = moe(x) in float64 (no residual). Weights as the engine sees them (dequantized)."""
+    f = lambda a: None if a is None else np.asarray(a, dtype=np.float64)
+    x = f(x)
+    logits = x @ f(router).T
+    y = np.zeros_like(x)
+    for t, (idx, w) in enumerate(route(logits, top_k, scoring, norm_topk_prob, dyn_p, k_min, k_max)):
+        for e, we in zip(idx, w):
+            y[t] += we * expert(x[t:t + 1], f(gate[e]), f(up[e]), f(down[e]))[0]
+    if shared_gate is not None:
+        s = expert(x, f(shared_gate), f(shared_up), f(shared_down))
+        if shared_expert_gate is not None:
+            s = s * (1.0 / (1.0 + np.exp(-(x @ f(shared_expert_gate)))))[:, None]
+        y += s
+    return y
+
+
+def topk_margin(logits, top_k, dyn_p=0.0, k_min=1, k_max=None):
+    """Per token, how far the routing decision is from flipping (float64).
+
+    Fixed k: the logit gap between the k-th and (k+1)-th expert. Dynamic: the
+    smaller of |cum mass - p| around the cut and the logit gaps at the cut.
+    Tests resample tokens with a tiny margin: float32 and float64 may disagree there."""
+    logits = np.asarray(logits, dtype=np.float64)
+    out = np.empty(len(logits))
+    for i, row in enumerate(logits):
+        s = np.sort(row)[::-1]
+        if dyn_p > 0:
+            cum = np.cumsum(np.sort(softmax(row))[::-1])
+            n = min(max(int(np.searchsorted(cum, dyn_p) + 1), k_min), k_max)
+            near = [abs(cum[n - 1] - dyn_p)] + ([abs(cum[n - 2] - dyn_p)] if n >= 2 else [])
+            out[i] = min(near + ([s[n - 1] - s[n]] if n < len(s) else []))
+        else:
+            out[i] = s[top_k - 1] - s[top_k] if top_k < len(s) else np.inf
+    return out

@@ -1,0 +1,154 @@
+/*
+ * colibri.h — public API of the Colibri MoE inference engine.
+ *
+ * Every function reports failure through its return value (a status code, or
+ * NULL) and a thread-local message readable with colibri_last_error(). No
+ * function aborts or exits the process on bad input.
+ *
+ * The block between CFFI-BEGIN and CFFI-END holds plain declarations only (no
+ * preprocessor lines): the Python binding feeds it to cffi verbatim.
+ */
+#ifndef COLIBRI_H
+#define COLIBRI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define COLIBRI_FORMAT_MAGIC 0xCAFE1234u
+#define COLIBRI_FORMAT_VERSION 1u
+#define COLIBRI_MAX_EXPERTS 4096
+
+/* CFFI-BEGIN */
+typedef enum {
+    COLIBRI_OK = 0,
+    COLIBRI_ERR_INVALID = 1, /* a bad argument: NULL, wrong size, out of range */
+    COLIBRI_ERR_NOMEM = 2,   /* allocation or mapping failed */
+    COLIBRI_ERR_FORMAT = 3,  /* malformed model file */
+    COLIBRI_ERR_IO = 4       /* open/stat/mmap of a file failed */
+} colibri_status;
+
+typedef enum {
+    COLIBRI_F32 = 0,
+    COLIBRI_BF16 = 1, /* upper 16 bits of an IEEE float, round-to-nearest-even */
+    COLIBRI_INT8 = 2  /* symmetric, one float scale per output row: w = q * scale */
+} colibri_dtype;
+
+typedef enum {
+    COLIBRI_SCORING_SOFTMAX = 0,      /* softmax over all experts, top-k, optional renorm */
+    COLIBRI_SCORING_SOFTMAX_TOPK = 1  /* top-k logits, softmax over those k */
+} colibri_scoring;
+
+typedef enum {
+    COLIBRI_HUGEPAGES_OFF = 0,  /* normal pages */
+    COLIBRI_HUGEPAGES_AUTO = 1  /* explicit huge pages, else THP advice, else normal */
+} colibri_hugepages;
+
+typedef enum {
+    COLIBRI_PAGES_NORMAL = 0,
+    COLIBRI_PAGES_THP = 1,      /* madvise(MADV_HUGEPAGE) accepted */
+    COLIBRI_PAGES_HUGETLB = 2,  /* MAP_HUGETLB mapping */
+    COLIBRI_PAGES_FILE = 3      /* read-only mapping of a model file */
+} colibri_page_kind;
+
+/* Last error message of the calling thread ("" when none). */
+const char *colibri_last_error(void);
+/* Library version string, e.g. "0.1.0". */
+const char *colibri_version(void);
+/* JSON object describing the build: profile, kernel ISA, knob values, flags. */
+const char *colibri_build_info(void);
+
+/* Default thread count for colibri_infer (0 = one per online CPU). */
+int colibri_set_num_threads(int n_threads);
+int colibri_get_num_threads(void);
+
+/* ---- memory pool: one page-aligned arena, bump-allocated ---- */
+typedef struct colibri_pool colibri_pool;
+/* numa_node < 0: no binding. A node that cannot be bound is an error. */
+colibri_pool *colibri_pool_create(size_t capacity, int hugepages, int numa_node);
+void *colibri_pool_alloc(colibri_pool *pool, size_t bytes, size_t align);
+size_t colibri_pool_used(const colibri_pool *pool);
+size_t colibri_pool_capacity(const colibri_pool *pool);
+int colibri_pool_page_kind(const colibri_pool *pool);
+int colibri_pool_numa_node(const colibri_pool *pool);
+void colibri_pool_free(colibri_pool *pool);
+
+/* ---- routing ---- */
+typedef struct {
+    int scoring;        /* colibri_scoring */
+    int top_k;          /* fixed mode: experts per token, 1..n_experts */
+    int norm_topk_prob; /* softmax scoring: renormalise the chosen weights to sum 1 */
+    float dyn_p;        /* > 0: dynamic mode, smallest set with mass >= dyn_p */
+    int k_min;          /* dynamic mode bounds, 1 <= k_min <= k_max <= n_experts */
+    int k_max;
+} colibri_route_config;
+
+/* Slots per token in the index/weight arrays: k_max in dynamic mode, else top_k. */
+int colibri_route_slots(const colibri_route_config *cfg);
+
+/* logits [n_tokens, n_experts] -> indices/weights [n_tokens, slots], counts [n_tokens].
+ * Chosen experts are in descending weight order (ties: lower index first);
+ * unused slots hold index -1 and weight 0. counts may be NULL. */
+int colibri_route(const float *logits, int n_tokens, int n_experts,
+                  const colibri_route_config *cfg,
+                  int32_t *indices, float *weights, int32_t *counts);
+
+/* ---- one MoE layer ---- */
+typedef struct {
+    int hidden;       /* H */
+    int inter;        /* I, per routed expert */
+    int n_experts;    /* E */
+    colibri_route_config route;
+    int weight_dtype; /* colibri_dtype of gate/up/down and the shared expert */
+    const float *router;       /* [E, H] f32 */
+    const void *gate;          /* [E, I, H] of weight_dtype */
+    const void *up;            /* [E, I, H] */
+    const void *down;          /* [E, H, I] */
+    const float *gate_scales;  /* int8 only: [E, I] */
+    const float *up_scales;    /* int8 only: [E, I] */
+    const float *down_scales;  /* int8 only: [E, H] */
+    int shared_inter;          /* S, 0 = no shared expert */
+    const void *shared_gate;   /* [S, H] */
+    const void *shared_up;     /* [S, H] */
+    const void *shared_down;   /* [H, S] */
+    const float *shared_gate_scales; /* int8 only: [S] */
+    const float *shared_up_scales;   /* int8 only: [S] */
+    const float *shared_down_scales; /* int8 only: [H] */
+    const float *shared_expert_gate; /* [H]: output scaled by sigmoid(w.x); NULL = ungated */
+    int hugepages;    /* colibri_hugepages for the weight arena */
+    int numa_node;    /* < 0: no binding */
+} colibri_layer_desc;
+
+typedef struct colibri_layer colibri_layer;
+
+/* Copies the weights into one arena (experts contiguous). */
+colibri_layer *colibri_layer_create(const colibri_layer_desc *desc);
+/* y[T,H] = moe(x[T,H]) (no residual). n_threads 0 = library default. x and y must not overlap. */
+int colibri_layer_forward(colibri_layer *layer, const float *x, float *y,
+                          int n_tokens, int n_threads);
+/* Arena facts: page kind (colibri_page_kind) and bytes of weights held. */
+int colibri_layer_page_kind(const colibri_layer *layer);
+size_t colibri_layer_weight_bytes(const colibri_layer *layer);
+void colibri_layer_free(colibri_layer *layer);
+
+/* ---- model files (format v1, see FORMAT.md) ---- */
+typedef struct colibri_model colibri_model;
+/* Maps the file read-only and validates it; NULL with a message naming the
+ * field and byte offset on any defect. */
+colibri_model *colibri_load_model(const char *path);
+/* Each layer in order: h = h + moe(h). input/output [seq_len, hidden]; they may alias. */
+int colibri_infer(colibri_model *model, const float *input, float *output, int seq_len);
+void colibri_free_model(colibri_model *model);
+int colibri_model_n_layers(const colibri_model *model);
+int colibri_model_hidden(const colibri_model *model);
+/* Borrowed pointer to layer i, valid until colibri_free_model. */
+colibri_layer *colibri_model_layer(colibri_model *model, int index);
+/* CFFI-END */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COLIBRI_H */

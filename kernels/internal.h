@@ -1,0 +1,50 @@
+/* internal.h — structures shared by the engine's C files (not installed). */
+#ifndef COLIBRI_INTERNAL_H
+#define COLIBRI_INTERNAL_H
+
+#include "colibri.h"
+
+/* One weight matrix [rows, cols] of the layer's dtype; scales for int8 (one per row). */
+typedef struct {
+    const void *w;
+    const float *scales;
+    int rows, cols;
+} cb_mat;
+
+/* gate/up [inter, H], down [H, inter]. */
+typedef struct {
+    cb_mat gate, up, down;
+    int inter;
+} cb_expert;
+
+struct colibri_layer {
+    int hidden, inter, n_experts, dtype;
+    colibri_route_config route;
+    const float *router;           /* [E, H] */
+    cb_expert *experts;            /* [E], malloc'd, owned */
+    int has_shared;
+    cb_expert shared;
+    const float *shared_expert_gate; /* [H] or NULL */
+    colibri_pool *pool;            /* owned arena; NULL when weights live in a mapped file */
+    int page_kind;                 /* colibri_page_kind */
+    size_t weight_bytes;
+    int borrowed;                  /* owned by a colibri_model: colibri_layer_free ignores it */
+};
+
+/* Thread-local error message (error.c). Returns the status passed in for tail calls. */
+int cb_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cb_clear_error(void);
+
+/* Bytes of one matrix payload as stored (int8: data padded to 4, then rows f32 scales). */
+size_t cb_dtype_elem_bytes(int dtype);
+
+/* Validates a route config against n_experts; sets the error on failure. */
+int cb_route_config_check(const colibri_route_config *cfg, int n_experts);
+
+/* Releases what colibri_layer_create/loader allocated for a layer (not the struct's mapping). */
+void cb_layer_destroy(colibri_layer *layer);
+
+/* CRC-32 (ISO-HDLC, zlib's polynomial), continuing from crc (start with 0). */
+uint32_t cb_crc32(uint32_t crc, const void *data, size_t n);
+
+#endif

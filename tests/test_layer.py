@@ -1,0 +1,134 @@
+"""The fused MoE layer against the float64 NumPy reference.
+
+Tolerance: f32 weights within 1e-4 relative (see moe_data.assert_close). bf16 and
+int8 weights are compared, at the same 1e-4, with the reference computed from the
+dequantized weights the engine holds: the kernels add no error of their own beyond
+float32 accumulation. The error the formats themselves add is bounded in
+test_quant.py.
+"""
+import numpy as np
+import pytest
+
+import colibri
+from moe_data import REFERENCE_SHAPES, assert_close, make_case
+
+DTYPES = ["f32", "bf16", "int8"]
+
+# awkward shapes: H not a multiple of any vector width, E=60, k=1, k=E, T=1 and T=513
+AWKWARD = {
+    "h67-k1": dict(H=67, I=45, E=8, k=1),
+    "e60-k4": dict(H=130, I=70, E=60, k=4),
+    "k-eq-e": dict(H=45, I=33, E=6, k=6),
+    "h1-i1": dict(H=1, I=1, E=3, k=2),
+}
+ROUTINGS = {
+    "softmax-norm": dict(scoring="softmax", norm=True),
+    "softmax-raw": dict(scoring="softmax", norm=False),
+    "softmax_topk": dict(scoring="softmax_topk", norm=False),
+}
+
+
+def layer(case, dtype="f32", **kw):
+    return colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype=dtype,
+                            **case.layer_kwargs(), **kw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("routing", sorted(ROUTINGS))
+@pytest.mark.parametrize("shape", sorted(AWKWARD))
+@pytest.mark.parametrize("T", [1, 513])
+def test_awkward_shapes(lib, shape, routing, dtype, T):
+    case = make_case(**AWKWARD[shape], **ROUTINGS[routing])
+    x = case.inputs(T)
+    assert_close(layer(case, dtype)(x), case.reference(x, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dyn", [dict(dyn_p=0.6, k_min=1, k_max=4), dict(dyn_p=0.9, k_min=2, k_max=5),
+                                 dict(dyn_p=1.0, k_min=1, k_max=3)])
+def test_dynamic_expert_count(lib, dyn, dtype):
+    case = make_case(H=70, I=40, E=12, k=dyn["k_max"], **dyn)
+    x = case.inputs(37)
+    assert_close(layer(case, dtype)(x), case.reference(x, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gated", [True, False])
+def test_shared_expert(lib, dtype, gated):
+    case = make_case(H=96, I=40, E=10, k=3, S=57, gated=gated, norm=False)
+    x = case.inputs(19)
+    assert_close(layer(case, dtype)(x), case.reference(x, dtype))
+
+
+def test_thread_count_does_not_change_the_result(lib):
+    """Every output element is computed by one thread in a fixed order: bitwise equal."""
+    case = make_case(H=300, I=130, E=16, k=4, S=40, gated=True)
+    x = case.inputs(70)
+    outs = [layer(case, threads=n)(x) for n in (1, 2, 3, 7)]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+    assert_close(outs[0], case.reference(x))
+
+
+@pytest.fixture(scope="module", params=sorted(REFERENCE_SHAPES))
+def reference_case(request):
+    shape = dict(REFERENCE_SHAPES[request.param])
+    return make_case(**shape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reference_shapes(lib, reference_case, dtype):
+    """Real model shapes (weights of every expert resident), decode and a short prefill."""
+    L = layer(reference_case, dtype)
+    for T in (1, 9):
+        x = reference_case.inputs(T, seed=T)
+        assert_close(L(x), reference_case.reference(x, dtype))
+
+
+def test_layer_reports_its_arena(lib):
+    case = make_case(H=64, I=32, E=4, k=2)
+    L = layer(case)
+    assert L.page_kind == "normal"
+    # router + 4 experts x 3 matrices of 64x32 f32, each 64-byte aligned
+    assert L.weight_bytes == 4 * 64 * 4 + 4 * 3 * 64 * 32 * 4
+    Lh = layer(case, hugepages=True)
+    assert Lh.page_kind in ("hugetlb", "thp", "normal")
+    x = case.inputs(3)
+    np.testing.assert_array_equal(L(x), Lh(x))
+
+
+def test_zero_tokens(lib):
+    case = make_case(H=16, I=8, E=4, k=2)
+    assert layer(case)(np.zeros((0, 16), np.float32)).shape == (0, 16)
+
+
+@pytest.mark.parametrize("bad, err", [
+    (lambda x: x.astype(np.float64), TypeError),
+    (lambda x: x[:, :-1], ValueError),
+    (lambda x: x.reshape(-1), ValueError),
+    (lambda x: np.asfortranarray(np.repeat(x, 2, axis=0)), ValueError),
+    (lambda x: x.tolist(), TypeError),
+])
+def test_bad_input_is_a_clear_error(lib, bad, err):
+    case = make_case(H=16, I=8, E=4, k=2)
+    with pytest.raises(err):
+        layer(case)(bad(case.inputs(3)))
+
+
+def test_bad_weights_are_clear_errors(lib):
+    case = make_case(H=16, I=8, E=4, k=2)
+    r, g, u, d = case.router, case.gate, case.up, case.down
+    with pytest.raises(ValueError, match="top_k"):
+        colibri.MoELayer(r, g, u, d, top_k=5)
+    with pytest.raises(ValueError, match="top_k"):
+        colibri.MoELayer(r, g, u, d, top_k=0)
+    with pytest.raises(ValueError, match="up must have shape"):
+        colibri.MoELayer(r, g, u[:, :, :-1].copy(), d, top_k=2)
+    with pytest.raises(TypeError, match="gate must have dtype float32"):
+        colibri.MoELayer(r, g.astype(np.float16), u, d, top_k=2)
+    with pytest.raises(ValueError, match="weight_dtype"):
+        colibri.MoELayer(r, g, u, d, top_k=2, weight_dtype="fp8")
+    with pytest.raises(ValueError, match="scoring"):
+        colibri.MoELayer(r, g, u, d, top_k=2, scoring="sigmoid")
+    with pytest.raises(ValueError, match="go together"):
+        colibri.MoELayer(r, g, u, d, top_k=2, shared_gate=g[0])

@@ -1,0 +1,1 @@
+"""Colibri tuner: target profiles, template rendering, host matching (and, later, the search)."""
