@@ -64,9 +64,16 @@ def moe_layer(x, router, gate, up, down, *, top_k, scoring="softmax", norm_topk_
     x = f(x)
     logits = x @ f(router).T
     y = np.zeros_like(x)
+    # group by expert: each routed expert's weights are converted once
+    by_expert: dict[int, list[tuple[int, float]]] = {}
     for t, (idx, w) in enumerate(route(logits, top_k, scoring, norm_topk_prob, dyn_p, k_min, k_max)):
         for e, we in zip(idx, w):
-            y[t] += we * expert(x[t:t + 1], f(gate[e]), f(up[e]), f(down[e]))[0]
+            by_expert.setdefault(int(e), []).append((t, float(we)))
+    for e, pairs in sorted(by_expert.items()):
+        toks = np.array([t for t, _ in pairs])
+        ws = np.array([we for _, we in pairs])
+        out = expert(x[toks], f(gate[e]), f(up[e]), f(down[e]))
+        np.add.at(y, toks, ws[:, None] * out)
     if shared_gate is not None:
         s = expert(x, f(shared_gate), f(shared_up), f(shared_down))
         if shared_expert_gate is not None:

@@ -1,0 +1,151 @@
+"""Model: a Colibri model file (FORMAT.md) loaded by the C engine.
+
+    with Model.load("moe.colibri") as model:
+        y = model(x)          # x float32 [T, hidden]; each layer: h = h + moe(h)
+
+The engine maps the file read-only and validates it completely (layout, ranges,
+overflow, every referenced tensor's CRC-32) before the first call; a defect
+raises ModelFormatError with the engine's message, which names the field and
+its byte offset.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+from ._lib import ColibriError, check, ffi, last_error, open_library
+
+_INT_MAX = 2**31 - 1
+
+
+class ModelFormatError(ColibriError):
+    """The model file is malformed; the message names the field and its byte offset."""
+
+
+def _open(lib):
+    if lib is None or isinstance(lib, (str, bytes, os.PathLike)):
+        return open_library(lib)
+    return lib  # an already opened cffi library
+
+
+class Model:
+    """A loaded model file. Use Model.load(path)."""
+
+    def __init__(self, handle, lib, path: str):
+        # Private: Model.load() is the constructor users call.
+        self._handle = handle
+        self._lib = lib
+        self._path = path
+        self._lock = threading.Lock()
+        self._n_layers = int(lib.colibri_model_n_layers(handle))
+        self._hidden = int(lib.colibri_model_hidden(handle))
+
+    @classmethod
+    def load(cls, path, lib=None) -> "Model":
+        """Map and validate `path`. lib: a library path or an opened library (default:
+        colibri._lib.open_library()). Raises FileNotFoundError, ModelFormatError, ColibriError."""
+        fspath = os.fspath(path)
+        if isinstance(fspath, bytes):
+            fspath = os.fsdecode(fspath)
+        if not os.path.exists(fspath):
+            raise FileNotFoundError(f"no model file at {fspath}")
+        lib = _open(lib)
+        handle = lib.colibri_load_model(os.fsencode(fspath))
+        if handle == ffi.NULL:
+            msg = last_error(lib)
+            # The loader's own I/O and argument errors start with its name; everything
+            # else is a format defect reported as "<field> (byte N): ...".
+            if msg.startswith("colibri_load_model:"):
+                raise ColibriError(f"{fspath}: {msg}")
+            raise ModelFormatError(f"{fspath}: {msg}")
+        return cls(handle, lib, fspath)
+
+    # ---- facts
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def n_layers(self) -> int:
+        return self._n_layers
+
+    @property
+    def hidden(self) -> int:
+        return self._hidden
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def layer_weight_bytes(self, index: int) -> int:
+        """Bytes of weights layer `index` streams (shared tensors counted in every layer)."""
+        handle = self._live()
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"index must be an int, got {type(index).__name__}")
+        if not 0 <= index < self._n_layers:
+            raise IndexError(f"layer index {index} out of range [0, {self._n_layers})")
+        layer = self._lib.colibri_model_layer(handle, int(index))
+        return int(self._lib.colibri_layer_weight_bytes(layer))
+
+    # ---- running
+    def _live(self):
+        if self._handle is None:
+            raise ValueError("the model is closed")
+        return self._handle
+
+    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Run the layer stack on x float32 [T, hidden] (C-contiguous). Returns [T, hidden]
+        (in `out` when given; out may be x itself)."""
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"x must be a numpy.ndarray of float32, got {type(x).__name__}")
+        if x.dtype != np.float32:
+            raise TypeError(f"x must have dtype float32, got {x.dtype}")
+        if x.ndim != 2 or x.shape[1] != self._hidden:
+            raise ValueError(f"x must have shape [T, {self._hidden}], got {list(x.shape)}")
+        if not x.flags.c_contiguous:
+            raise ValueError("x must be C-contiguous (use numpy.ascontiguousarray)")
+        T = x.shape[0]
+        if T > _INT_MAX:
+            raise ValueError(f"T = {T} tokens is more than the engine takes ({_INT_MAX})")
+        if out is None:
+            out = np.empty_like(x)
+        else:
+            if not isinstance(out, np.ndarray) or out.dtype != np.float32:
+                raise TypeError("out must be a float32 numpy.ndarray")
+            if out.shape != x.shape or not out.flags.c_contiguous or not out.flags.writeable:
+                raise ValueError(f"out must be a writeable C-contiguous array of shape {list(x.shape)}")
+        if T == 0:
+            return out
+        with self._lock:  # close() must not free the model under a running call
+            handle = self._live()
+            st = self._lib.colibri_infer(handle, ffi.from_buffer("float[]", x),
+                                         ffi.from_buffer("float[]", out, require_writable=True), T)
+            check(self._lib, st, "colibri_infer")
+        return out
+
+    # ---- lifetime
+    def close(self) -> None:
+        with self._lock:
+            handle, self._handle = self._handle, None
+            if handle is not None:
+                self._lib.colibri_free_model(handle)
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            if getattr(self, "_handle", None) is not None:
+                self._lib.colibri_free_model(self._handle)
+                self._handle = None
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self._n_layers} layers, hidden {self._hidden}"
+        return f"Model({self._path!r}, {state})"

@@ -1,0 +1,299 @@
+/* model.c — load a Colibri model file (FORMAT.md) and run the layer stack.
+ *
+ * The file is mapped read-only and used in place: each layer's matrices point
+ * into the mapping, nothing is copied. Loading validates the whole layout
+ * (model_file.c) and then checks the CRC-32 of every tensor a slot names, once
+ * per tensor even when several slots share it, in parallel across tensors. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "model_file.h"
+
+struct colibri_model {
+    void *map;          /* the file's read-only mapping (NULL for an empty file) */
+    size_t map_len;
+    int n_layers, hidden;
+    colibri_layer *layers; /* [n_layers], borrowed views into the mapping */
+};
+
+/* Maps path read-only; *map is NULL (and *len 0) for an empty file. */
+static int map_file(const char *path, void **map, size_t *len) {
+    *map = NULL;
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return cb_fail(COLIBRI_ERR_IO, "colibri_load_model: cannot open '%s': %s", path,
+                       strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return cb_fail(COLIBRI_ERR_IO, "colibri_load_model: cannot stat '%s': %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return cb_fail(COLIBRI_ERR_IO, "colibri_load_model: '%s' is not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > (uint64_t)SIZE_MAX) {
+        close(fd);
+        return cb_fail(COLIBRI_ERR_IO, "colibri_load_model: '%s' is too large to map", path);
+    }
+    if (st.st_size > 0) {
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return cb_fail(e == ENOMEM ? COLIBRI_ERR_NOMEM : COLIBRI_ERR_IO,
+                           "colibri_load_model: cannot map '%s' (%llu bytes): %s", path,
+                           (unsigned long long)st.st_size, strerror(e));
+        }
+        *map = p;
+        *len = (size_t)st.st_size;
+    }
+    close(fd); /* the mapping keeps the file alive */
+    return COLIBRI_OK;
+}
+
+/* Checks the CRC of every tensor some slot names, each once. */
+static int verify_referenced(const cb_model_file *mf) {
+    const uint32_t n = mf->h.n_tensors;
+    unsigned char *used = calloc(n, 1);
+    uint32_t *list = malloc((size_t)n * sizeof *list);
+    if (!used || !list) {
+        free(used);
+        free(list);
+        return cb_fail(COLIBRI_ERR_NOMEM, "colibri_load_model: out of memory for %u tensor flags", n);
+    }
+    for (uint64_t l = 0; l < mf->h.n_layers; l++)
+        for (uint64_t j = 0; j < mf->slots_per_layer; j++) {
+            uint32_t t = cb_mf_slot(mf, l, j);
+            if (t != CB_MF_ABSENT)
+                used[t] = 1;
+        }
+    long m = 0;
+    for (uint32_t t = 0; t < n; t++)
+        if (used[t])
+            list[m++] = t;
+    /* used[] is reused as the per-tensor failure flag. */
+    memset(used, 0, n);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1)
+#endif
+    for (long i = 0; i < m; i++) {
+        char msg[8];
+        if (cb_mf_verify_tensor(mf, list[i], msg, sizeof msg) != 0)
+            used[list[i]] = 1;
+    }
+    int rc = COLIBRI_OK;
+    for (long i = 0; i < m; i++)
+        if (used[list[i]]) { /* the first bad tensor in table order, whatever the threads did */
+            char msg[480];
+            cb_mf_verify_tensor(mf, list[i], msg, sizeof msg);
+            rc = cb_fail(COLIBRI_ERR_FORMAT, "%s", msg);
+            break;
+        }
+    free(used);
+    free(list);
+    return rc;
+}
+
+static cb_mat mat_at(const cb_model_file *mf, uint32_t t) {
+    cb_mf_tensor e;
+    cb_mf_tensor_at(mf, t, &e);
+    const unsigned char *w = cb_mf_payload(mf, &e);
+    cb_mat m = {w, NULL, (int)e.rows, (int)e.cols};
+    if (e.dtype == COLIBRI_INT8) /* int8: data padded to 4, then rows f32 scales */
+        m.scales = (const float *)(const void *)(w + ((e.rows * e.cols + 3) & ~(uint64_t)3));
+    return m;
+}
+
+static size_t tensor_nbytes(const cb_model_file *mf, uint32_t t) {
+    cb_mf_tensor e;
+    cb_mf_tensor_at(mf, t, &e);
+    return (size_t)e.nbytes;
+}
+
+/* Fills layer l as a borrowed view into the mapping. */
+static int build_layer(const cb_model_file *mf, uint64_t l, colibri_layer *L) {
+    const cb_mf_header *h = &mf->h;
+    const uint64_t E = h->n_experts;
+    memset(L, 0, sizeof *L);
+    L->hidden = (int)h->hidden;
+    L->inter = (int)h->inter;
+    L->n_experts = (int)E;
+    L->dtype = (int)h->weight_dtype;
+    L->route.scoring = (int)h->scoring;
+    L->route.top_k = (int)h->top_k;
+    L->route.norm_topk_prob = (int)h->norm_topk_prob;
+    L->route.dyn_p = h->dyn_p;
+    L->route.k_min = (int)h->k_min;
+    L->route.k_max = (int)h->k_max;
+    L->pool = NULL;
+    L->page_kind = COLIBRI_PAGES_FILE;
+    L->borrowed = 1;
+
+    L->experts = calloc(E, sizeof *L->experts);
+    if (!L->experts)
+        return cb_fail(COLIBRI_ERR_NOMEM, "colibri_load_model: out of memory for %llu experts",
+                       (unsigned long long)E);
+    size_t bytes = 0;
+    uint32_t t = cb_mf_slot(mf, l, 0);
+    L->router = (const float *)mat_at(mf, t).w;
+    bytes += tensor_nbytes(mf, t);
+    for (uint64_t e = 0; e < E; e++) {
+        cb_expert *x = &L->experts[e];
+        cb_mat *mats[3] = {&x->gate, &x->up, &x->down};
+        for (int k = 0; k < 3; k++) {
+            t = cb_mf_slot(mf, l, 1 + 3 * e + (uint64_t)k);
+            *mats[k] = mat_at(mf, t);
+            bytes += tensor_nbytes(mf, t);
+        }
+        x->inter = (int)h->inter;
+    }
+    if (h->shared_inter > 0) {
+        cb_mat *mats[3] = {&L->shared.gate, &L->shared.up, &L->shared.down};
+        for (int k = 0; k < 3; k++) {
+            t = cb_mf_slot(mf, l, 1 + 3 * E + (uint64_t)k);
+            *mats[k] = mat_at(mf, t);
+            bytes += tensor_nbytes(mf, t);
+        }
+        L->shared.inter = (int)h->shared_inter;
+        L->has_shared = 1;
+        if (h->shared_gated) {
+            t = cb_mf_slot(mf, l, 4 + 3 * E);
+            L->shared_expert_gate = (const float *)mat_at(mf, t).w;
+            bytes += tensor_nbytes(mf, t);
+        }
+    }
+    L->weight_bytes = bytes;
+    return COLIBRI_OK;
+}
+
+void colibri_free_model(colibri_model *m) {
+    if (!m)
+        return;
+    if (m->layers) {
+        for (int i = 0; i < m->n_layers; i++)
+            cb_layer_destroy(&m->layers[i]); /* frees experts[]; pool is NULL */
+        free(m->layers);
+    }
+    if (m->map)
+        munmap(m->map, m->map_len);
+    free(m);
+}
+
+colibri_model *colibri_load_model(const char *path) {
+    cb_clear_error();
+    if (!path) {
+        cb_fail(COLIBRI_ERR_INVALID, "colibri_load_model: path is NULL");
+        return NULL;
+    }
+    colibri_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        cb_fail(COLIBRI_ERR_NOMEM, "colibri_load_model: out of memory");
+        return NULL;
+    }
+    if (map_file(path, &m->map, &m->map_len) != COLIBRI_OK) {
+        free(m);
+        return NULL;
+    }
+    cb_model_file mf;
+    if (cb_mf_parse(&mf, m->map, m->map_len) != 0) {
+        cb_fail(COLIBRI_ERR_FORMAT, "%s", mf.err);
+        colibri_free_model(m);
+        return NULL;
+    }
+    /* Routing config: model_file.c checked each field; the engine's own check
+     * is the final word on what the router accepts. */
+    colibri_route_config rc = {(int)mf.h.scoring, (int)mf.h.top_k, (int)mf.h.norm_topk_prob,
+                               mf.h.dyn_p, (int)mf.h.k_min, (int)mf.h.k_max};
+    if (cb_route_config_check(&rc, (int)mf.h.n_experts) != COLIBRI_OK) {
+        char why[400];
+        strncpy(why, colibri_last_error(), sizeof why - 1);
+        why[sizeof why - 1] = '\0';
+        cb_fail(COLIBRI_ERR_FORMAT, "header routing fields (bytes 28 .. 51): %s", why);
+        colibri_free_model(m);
+        return NULL;
+    }
+    if (verify_referenced(&mf) != COLIBRI_OK) {
+        colibri_free_model(m);
+        return NULL;
+    }
+    m->n_layers = (int)mf.h.n_layers;
+    m->hidden = (int)mf.h.hidden;
+    m->layers = calloc((size_t)m->n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        cb_fail(COLIBRI_ERR_NOMEM, "colibri_load_model: out of memory for %d layers", m->n_layers);
+        colibri_free_model(m);
+        return NULL;
+    }
+    for (int l = 0; l < m->n_layers; l++)
+        if (build_layer(&mf, (uint64_t)l, &m->layers[l]) != COLIBRI_OK) {
+            colibri_free_model(m);
+            return NULL;
+        }
+    return m;
+}
+
+int colibri_infer(colibri_model *m, const float *input, float *output, int seq_len) {
+    cb_clear_error();
+    if (!m)
+        return cb_fail(COLIBRI_ERR_INVALID, "colibri_infer: model is NULL");
+    if (!input || !output)
+        return cb_fail(COLIBRI_ERR_INVALID, "colibri_infer: input and output must not be NULL");
+    if (seq_len <= 0)
+        return cb_fail(COLIBRI_ERR_INVALID, "colibri_infer: seq_len %d must be > 0", seq_len);
+    const size_t H = (size_t)m->hidden;
+    if ((size_t)seq_len > SIZE_MAX / sizeof(float) / H)
+        return cb_fail(COLIBRI_ERR_INVALID, "colibri_infer: seq_len %d x hidden %zu is too large",
+                       seq_len, H);
+    const size_t n = (size_t)seq_len * H;
+    float *tmp = NULL;
+    if (posix_memalign((void **)&tmp, 64, n * sizeof(float)) != 0)
+        return cb_fail(COLIBRI_ERR_NOMEM, "colibri_infer: out of memory for %zu floats", n);
+    if (output != input)
+        memmove(output, input, n * sizeof(float)); /* memmove: they may overlap */
+    /* h = h + moe(h), with h living in output; tmp never overlaps it. */
+    for (int l = 0; l < m->n_layers; l++) {
+        int st = colibri_layer_forward(&m->layers[l], output, tmp, seq_len, 0);
+        if (st != COLIBRI_OK) {
+            free(tmp);
+            return st;
+        }
+        for (size_t i = 0; i < n; i++)
+            output[i] += tmp[i];
+    }
+    free(tmp);
+    return COLIBRI_OK;
+}
+
+int colibri_model_n_layers(const colibri_model *m) {
+    if (!m)
+        return cb_fail(COLIBRI_ERR_INVALID, "colibri_model_n_layers: model is NULL"), -1;
+    return m->n_layers;
+}
+
+int colibri_model_hidden(const colibri_model *m) {
+    if (!m)
+        return cb_fail(COLIBRI_ERR_INVALID, "colibri_model_hidden: model is NULL"), -1;
+    return m->hidden;
+}
+
+colibri_layer *colibri_model_layer(colibri_model *m, int index) {
+    if (!m) {
+        cb_fail(COLIBRI_ERR_INVALID, "colibri_model_layer: model is NULL");
+        return NULL;
+    }
+    if (index < 0 || index >= m->n_layers) {
+        cb_fail(COLIBRI_ERR_INVALID, "colibri_model_layer: index %d out of range [0, %d)", index,
+                m->n_layers);
+        return NULL;
+    }
+    return &m->layers[index];
+}
