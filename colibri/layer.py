@@ -85,6 +85,50 @@ class MoELayer:
             if S == 0:
                 raise ValueError("shared_expert_gate needs a shared expert")
             shared_expert_gate = f32_array("shared_expert_gate", shared_expert_gate, (H,))
+        mats = {"gate": gate, "up": up, "down": down}
+        if S:
+            mats.update(shared_gate=shared_gate, shared_up=shared_up, shared_down=shared_down)
+        encoded = {n: quant.encode(a, weight_dtype) for n, a in mats.items()}
+        self._create(router, encoded, shared_expert_gate, weight_dtype, top_k=top_k,
+                     scoring=scoring, norm_topk_prob=norm_topk_prob, dyn_p=dyn_p, k_min=k_min,
+                     k_max=k_max, threads=threads, lib=lib, hugepages=hugepages,
+                     numa_node=numa_node)
+
+    @classmethod
+    def from_encoded(cls, router, encoded, *, weight_dtype, shared_expert_gate=None, **kw):
+        """A layer from weights already in `weight_dtype`: encoded maps gate, up, down (and
+        shared_gate/up/down) to (stored array, int8 scales or None) as colibri.quant.encode
+        returns them. Used by the tuner, whose weights are encoded once on disk."""
+        if weight_dtype not in quant.DTYPES:
+            raise ValueError(f"weight_dtype must be one of {quant.DTYPES}, got {weight_dtype!r}")
+        router = f32_array("router", router, (None, None))
+        E, H = router.shape
+        want = {"f32": np.float32, "bf16": np.uint16, "int8": np.int8}[weight_dtype]
+        I = encoded["gate"][0].shape[1]
+        S = encoded["shared_gate"][0].shape[0] if "shared_gate" in encoded else 0
+        shapes = {"gate": (E, I, H), "up": (E, I, H), "down": (E, H, I), "shared_gate": (S, H),
+                  "shared_up": (S, H), "shared_down": (H, S)}
+        for n, (stored, scales) in encoded.items():
+            if n not in shapes:
+                raise ValueError(f"unknown weight {n!r}")
+            if not isinstance(stored, np.ndarray) or stored.dtype != want:
+                raise TypeError(f"{n} must be a {np.dtype(want).name} array for {weight_dtype}")
+            if stored.shape != shapes[n] or not stored.flags.c_contiguous:
+                raise ValueError(f"{n} must be C-contiguous with shape {list(shapes[n])}")
+            if weight_dtype == "int8":
+                f32_array(f"{n} scales", scales, shapes[n][:-1])
+        if shared_expert_gate is not None:
+            shared_expert_gate = f32_array("shared_expert_gate", shared_expert_gate, (H,))
+        self = cls.__new__(cls)
+        self._create(router, encoded, shared_expert_gate, weight_dtype, **kw)
+        return self
+
+    def _create(self, router, encoded, shared_expert_gate, weight_dtype, *, top_k,
+                scoring="softmax", norm_topk_prob=True, dyn_p=0.0, k_min=1, k_max=None,
+                threads=None, lib=None, hugepages=False, numa_node=None):
+        E, H = router.shape
+        I = encoded["gate"][0].shape[1]
+        S = encoded["shared_gate"][0].shape[0] if "shared_gate" in encoded else 0
         self.threads = 0 if threads is None else positive_int("threads", threads)
         self.hidden, self.inter, self.n_experts, self.shared_inter = H, I, E, S
         self.top_k, self.weight_dtype = top_k, weight_dtype
@@ -96,27 +140,13 @@ class MoELayer:
         d.weight_dtype = quant.DTYPE_CODES[weight_dtype]
         d.hugepages = 1 if hugepages else 0
         d.numa_node = -1 if numa_node is None else int(numa_node)
-        keep = [router]  # arrays must outlive the create call (C copies them)
-
-        def put(field, a, scale_field=None):
-            stored, scales = quant.encode(a, weight_dtype)
-            keep.append(stored)
-            setattr(d, field, ffi.from_buffer(stored))
-            if scales is not None:
-                keep.append(scales)
-                setattr(d, scale_field, ffi.from_buffer("float[]", scales))
-
         d.router = ffi.from_buffer("float[]", router)
-        put("gate", gate, "gate_scales")
-        put("up", up, "up_scales")
-        put("down", down, "down_scales")
-        if S:
-            put("shared_gate", shared_gate, "shared_gate_scales")
-            put("shared_up", shared_up, "shared_up_scales")
-            put("shared_down", shared_down, "shared_down_scales")
-            if shared_expert_gate is not None:
-                keep.append(shared_expert_gate)
-                d.shared_expert_gate = ffi.from_buffer("float[]", shared_expert_gate)
+        for n, (stored, scales) in encoded.items():  # C copies: the arrays outlive the call
+            setattr(d, n, ffi.from_buffer(stored))
+            if scales is not None:
+                setattr(d, f"{n}_scales", ffi.from_buffer("float[]", scales))
+        if shared_expert_gate is not None:
+            d.shared_expert_gate = ffi.from_buffer("float[]", shared_expert_gate)
         ptr = lib.colibri_layer_create(d)
         if ptr == ffi.NULL:
             check(lib, 1, "colibri_layer_create")

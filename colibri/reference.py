@@ -100,3 +100,24 @@ def topk_margin(logits, top_k, dyn_p=0.0, k_min=1, k_max=None):
         else:
             out[i] = s[top_k - 1] - s[top_k] if top_k < len(s) else np.inf
     return out
+
+
+def inputs_with_margin(router, T, *, top_k, dyn_p=0.0, k_min=1, k_max=None, seed=1,
+                       margin=1e-3, **_):
+    """x [T, H] float32 (standard normal) whose routing decision is clear for every token.
+
+    Where two experts' scores are within float32 rounding of each other, the engine
+    (float32 logits) and this float64 reference may pick different experts; both are
+    right. Such tokens are redrawn (seeded), so a check compares arithmetic, not a
+    coin flip."""
+    rng = np.random.default_rng(seed)
+    H = router.shape[1]
+    x = rng.standard_normal((T, H), dtype=np.float32)
+    r64 = np.asarray(router, dtype=np.float64)
+    for _ in range(200):
+        m = topk_margin(x.astype(np.float64) @ r64.T, top_k, dyn_p, k_min, k_max)
+        bad = m < margin
+        if not bad.any():
+            return x
+        x[bad] = rng.standard_normal((int(bad.sum()), H), dtype=np.float32)
+    raise RuntimeError("could not draw inputs with a clear routing margin")

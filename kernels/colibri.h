@@ -146,6 +146,43 @@ int colibri_model_n_layers(const colibri_model *model);
 int colibri_model_hidden(const colibri_model *model);
 /* Borrowed pointer to layer i, valid until colibri_free_model. */
 colibri_layer *colibri_model_layer(colibri_model *model, int index);
+
+/* ---- timing (for the tuner and benchmarks) ---- */
+/* Runs `warmup` calls, then times calls (clock_gettime, one sample per call) until
+ * min_seconds have passed or max_samples were taken. Call i uses input
+ * (i mod n_inputs) of inputs [n_inputs, n_tokens, hidden]; out [n_tokens, hidden]. */
+int colibri_bench_layer(colibri_layer *layer, const float *inputs, int n_inputs, int n_tokens,
+                        float *out, int n_threads, int warmup, double min_seconds,
+                        int max_samples, double *samples, int *n_samples);
+
+/* ---- memory bandwidth (membw.c; the host probe's bandwidth figures) ---- */
+typedef enum {
+    COLIBRI_MEMBW_READ = 0,  /* sum of one array: 8 bytes counted per element */
+    COLIBRI_MEMBW_TRIAD = 1  /* a = b + s*c: 24 bytes per element (STREAM; no write-allocate) */
+} colibri_membw_kind;
+
+typedef struct {
+    int kind;               /* colibri_membw_kind */
+    int n_threads;          /* OpenMP threads that ran */
+    size_t bytes;           /* footprint of all arrays (bytes rounded down to whole blocks) */
+    size_t bytes_per_pass;  /* bytes counted per pass (see the kind) */
+    int passes;             /* timed passes (after one warm-up pass) */
+    double gbps_median;     /* the figure to use: median pass, 1e9 bytes/s */
+    double gbps_best;       /* fastest pass */
+    double gbps_worst;      /* slowest pass */
+    double seconds_timed;   /* sum of the timed passes */
+    double setup_seconds;   /* map + first touch */
+    double checksum;        /* keeps the results live; checked inside */
+} colibri_membw_result;
+
+/* Streams `bytes` (all arrays together; several times the last-level cache for
+ * DRAM figures) with n_threads OpenMP threads (0 = default) for at least
+ * min_seconds of timed passes. Arrays are page-aligned and first touched by the
+ * threads that stream them. */
+int colibri_membw_run(int kind, size_t bytes, int n_threads, double min_seconds,
+                      colibri_membw_result *out);
+/* The same, returning only the median GB/s. */
+int colibri_membw(int kind, size_t bytes, int n_threads, double min_seconds, double *gbps_out);
 /* CFFI-END */
 
 #ifdef __cplusplus

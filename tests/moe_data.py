@@ -1,10 +1,5 @@
-"""Random MoE layers and inputs for the tests, with routing kept away from ties.
-
-Where two experts' scores are within float32 rounding of each other, the engine
-(float32 logits) and the float64 reference may pick different experts; both are
-right. Such tokens are resampled (with the seeded generator) so that a test
-compares the arithmetic, not a coin flip.
-"""
+"""Random MoE layers and inputs for the tests, with routing kept away from ties
+(see colibri.reference.inputs_with_margin)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -51,18 +46,7 @@ class Case:
 
     def inputs(self, T, seed=1):
         """x [T, H] float32 whose routing has a clear margin for every token."""
-        rng = np.random.default_rng(seed)
-        x = rng.standard_normal((T, self.hidden), dtype=np.float32)
-        r = self.route
-        for _ in range(200):
-            logits = x.astype(np.float64) @ self.router.T.astype(np.float64)
-            m = reference.topk_margin(logits, r["top_k"], r.get("dyn_p", 0.0), r.get("k_min", 1),
-                                      r.get("k_max"))
-            bad = m < MARGIN
-            if not bad.any():
-                return x
-            x[bad] = rng.standard_normal((int(bad.sum()), self.hidden), dtype=np.float32)
-        raise RuntimeError("could not draw inputs with a clear routing margin")
+        return reference.inputs_with_margin(self.router, T, seed=seed, margin=MARGIN, **self.route)
 
 
 def make_case(H, I, E, k, *, S=0, gated=False, scoring="softmax", norm=True, dyn_p=0.0,

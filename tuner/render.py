@@ -27,7 +27,9 @@ import jinja2
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES_DIR = ROOT / "templates"
+# $COLIBRI_TEMPLATES_DIR replaces the templates directory as a whole: the tuner's
+# fault-injection tests point it at deliberately broken copies.
+TEMPLATES_DIR = Path(os.environ.get("COLIBRI_TEMPLATES_DIR") or ROOT / "templates")
 TEMPLATE_SUFFIX = ".c.j2"
 KNOBS_SUFFIX = ".knobs.yaml"
 

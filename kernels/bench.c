@@ -1,0 +1,44 @@
+/* bench.c — timing inside C, so the tuner measures the kernels, not the Python call.
+ *
+ * Each call of the layer takes the next input of a rotating set (for decode: a
+ * fresh token per call, so the router picks other experts and their weights come
+ * from memory, not cache). */
+#include <time.h>
+
+#include "internal.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int colibri_bench_layer(colibri_layer *layer, const float *inputs, int n_inputs, int n_tokens,
+                        float *out, int n_threads, int warmup, double min_seconds,
+                        int max_samples, double *samples, int *n_samples) {
+    cb_clear_error();
+    if (!layer || !inputs || !out || !samples || !n_samples)
+        return cb_fail(COLIBRI_ERR_INVALID, "bench: NULL argument");
+    if (n_inputs < 1 || n_tokens < 1 || max_samples < 1 || warmup < 0)
+        return cb_fail(COLIBRI_ERR_INVALID, "bench: n_inputs, n_tokens, max_samples must be >= 1");
+    const size_t stride = (size_t)n_tokens * (size_t)layer->hidden;
+    int next = 0, st;
+    for (int i = 0; i < warmup; ++i) {
+        st = colibri_layer_forward(layer, inputs + stride * (size_t)next, out, n_tokens, n_threads);
+        if (st) return st;
+        next = (next + 1) % n_inputs;
+    }
+    const double t_start = now_s();
+    int n = 0;
+    while (n < max_samples) {
+        const double t0 = now_s();
+        st = colibri_layer_forward(layer, inputs + stride * (size_t)next, out, n_tokens, n_threads);
+        const double t1 = now_s();
+        if (st) return st;
+        samples[n++] = t1 - t0;
+        next = (next + 1) % n_inputs;
+        if (t1 - t_start >= min_seconds) break;
+    }
+    *n_samples = n;
+    return COLIBRI_OK;
+}
