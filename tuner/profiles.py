@@ -586,13 +586,126 @@ def match_host(host_cpu: _cpuinfo.CpuInfo,
     if best is None:
         best, how = "generic", "nothing else is runnable here"
     reasons[best] = f"selected: {how}"
+    chosen = reg.get(best)
+    for prof in targets:
+        if prof.name != best and runnable[prof.name]:
+            reasons[prof.name] = _why_not_selected(prof, host_cpu, chosen)
     return best, reasons
 
 
-# ---------------------------------------------------------------- CLI
+def _why_not_selected(prof: Profile, cpu: _cpuinfo.CpuInfo, chosen: Profile | None) -> str:
+    """Why a profile the host can run lost to `chosen` (for `python -m tuner profiles`)."""
+    best = chosen.name if chosen is not None else "generic"
+    uarchs = ((cpu.archspec_name,) + cpu.archspec_ancestors) if cpu.archspec_name else ()
+    if any(m.matches(cpu) for m in prof.match.cpuid):
+        return f"runnable, not selected: lists this CPU identity too, but {best} comes first"
+    listed = [u for u in uarchs if u in prof.match.archspec]
+    if listed:
+        return (f"runnable, not selected: lists archspec {listed[0]} (this CPU or an ancestor), "
+                f"but {best} is more specific")
+    if prof.match.fallback:
+        if chosen is not None and chosen.match.fallback:
+            return f"runnable, not selected: a generic level with fewer features than {best}"
+        return f"runnable, not selected: a generic level; {best} is more specific"
+    wants = list(prof.match.archspec) + [_match_text(m) for m in prof.match.cpuid]
+    seen = f"archspec {cpu.archspec_name}, " if cpu.archspec_name else ""
+    return (f"runnable, not selected: made for another CPU ({'; '.join(wants) or 'none listed'}); "
+            f"this one is {seen}{_identity(cpu)}")
+
+
+def _match_text(m: CpuIdMatch) -> str:
+    def ranges(rs, fmt):
+        return ",".join(fmt(lo) if lo == hi else f"{fmt(lo)}-{fmt(hi)}" for lo, hi in rs)
+    if m.implementer is not None:
+        return f"implementer 0x{m.implementer:02x} part {ranges(m.parts, lambda v: f'0x{v:03x}')}"
+    return f"{m.vendor} family {m.family} model {ranges(m.models, lambda v: f'0x{v:02x}')}"
+
+
+# ---------------------------------------------------------------- report (CLI)
+
+def _rule_dict(rule: FlagRule) -> dict:
+    return {"versions": rule.versions or "any", "cflags": list(rule.cflags),
+            "ldflags": list(rule.ldflags), "note": rule.note}
+
+
+def report(names: Iterable[str] | None = None, cc: str = "gcc",
+           host: _cpuinfo.CpuInfo | None = None,
+           reg: Mapping[str, Profile] | None = None) -> dict:
+    """The registry as this host sees it: per profile its inheritance, the flags it
+    resolves to with compiler `cc` (or why it cannot be built), whether the host can
+    run it, and why it was or was not matched. JSON-ready; `python -m tuner profiles`
+    prints it (format_report) and `--json` dumps it."""
+    reg = registry() if reg is None else reg
+    host = _cpuinfo.host_cpu() if host is None else host
+    best, reasons = match_host(host, reg)
+    rows = []
+    for name in (list(names) if names else sorted(reg)):
+        prof = get_profile(name, reg)
+        row: dict[str, Any] = {
+            "profile": name, "kind": prof.kind, "description": prof.description,
+            "inherits": prof.inherits, "chain": list(prof.chain), "arch": prof.arch,
+            "features": sorted(prof.features), "kernel_isas": list(prof.kernel_isas),
+            "knobs": dict(prof.knobs),
+            "match": {"archspec": list(prof.match.archspec),
+                      "cpuid": [_match_text(m) for m in prof.match.cpuid],
+                      "fallback": prof.match.fallback},
+            "selected": name == best, "host_match": reasons.get(name, ""),
+        }
+        try:
+            r = resolve(prof, cc, host)
+            row.update(ok=True, compiler={"family": r.compiler.family, "version": r.version,
+                                          "path": r.compiler.path},
+                       cflags=list(r.cflags[len(BASE_CFLAGS):]),
+                       ldflags=list(r.ldflags[len(BASE_LDFLAGS):]),
+                       rule=_rule_dict(r.rule), fallback=bool(r.rule.note),
+                       notes=list(r.notes), cross=r.cross,
+                       runnable_here=r.runnable_here, reason=r.reason)
+        except ProfileError as exc:
+            runnable, why = runs_on(prof, host)
+            family = cc if cc in COMPILER_FAMILIES else None
+            row.update(ok=False, error=str(exc), runnable_here=runnable, reason=why,
+                       rules=[_rule_dict(x) for x in prof.flags.get(family or "gcc", ())])
+        rows.append(row)
+    return {"host": {"arch": host.arch, "identity": _identity(host),
+                     "archspec": host.archspec_name, "model_name": host.model_name},
+            "cc": cc, "host_profile": best, "host_profile_reason": reasons[best],
+            "base_cflags": list(BASE_CFLAGS), "base_ldflags": list(BASE_LDFLAGS),
+            "profiles": rows}
+
+
+def format_report(rep: dict) -> str:
+    """Human-readable form of report()."""
+    host = rep["host"]
+    out = [f"host: {host['model_name'] or host['identity']} [{host['identity']}; "
+           f"archspec {host['archspec']}]",
+           f"host profile: {rep['host_profile']} ({rep['host_profile_reason']})",
+           f"base flags (every build): {' '.join(rep['base_cflags'])}"]
+    for row in rep["profiles"]:
+        mark = "*" if row["selected"] else " "
+        parent = f" <- {' <- '.join(row['chain'][1:])}" if row["inherits"] else ""
+        out.append(f"\n{mark} {row['profile']} [{row['kind']}, {row['arch']}]{parent}")
+        out.append(f"    {row['description']}")
+        if row["ok"]:
+            flags = " ".join(row["cflags"] + [f for f in row["ldflags"] if f not in row["cflags"]])
+            c = row["compiler"]
+            out.append(f"    {c['family']} {c['version']} (versions {row['rule']['versions']}): "
+                       f"{flags or '(no extra flags)'}")
+            for note in row["notes"]:
+                out.append(f"    note: {note}")
+        else:
+            out.append(f"    cannot build here: {row['error']}")
+            if row.get("rules"):
+                r = row["rules"][0]
+                out.append(f"    flags when built (versions {r['versions']}): "
+                           f"{' '.join(r['cflags']) or '(none)'}")
+        out.append(f"    kernels {', '.join(row['kernel_isas'])}; "
+                   f"{'runs' if row['runnable_here'] else 'does NOT run'} here: {row['reason']}")
+        out.append(f"    match: {row['host_match']}")
+    return "\n".join(out)
+
 
 def _main(argv: list[str]) -> int:
-    """python -m tuner.profiles [--cc gcc] [NAME...]: how each profile resolves here."""
+    """python -m tuner.profiles [--cc gcc] [--json] [NAME...]: same as `python -m tuner profiles`."""
     import argparse
     import json
     ap = argparse.ArgumentParser(prog="python -m tuner.profiles", description=_main.__doc__)
@@ -600,31 +713,12 @@ def _main(argv: list[str]) -> int:
     ap.add_argument("--cc", default="gcc")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    reg = registry()
-    host = _cpuinfo.host_cpu()
-    best, reasons = match_host(host, reg)
-    rows = []
-    for name in args.names or sorted(reg):
-        try:
-            r = resolve(get_profile(name, reg), args.cc, host)
-            rows.append({"profile": name, "ok": True, "compiler": f"{r.compiler.family} {r.version}",
-                         "cflags": list(r.cflags[len(BASE_CFLAGS):]), "ldflags": list(r.ldflags[len(BASE_LDFLAGS):]),
-                         "notes": list(r.notes), "runnable_here": r.runnable_here, "reason": r.reason,
-                         "host_match": reasons[name]})
-        except ProfileError as exc:
-            rows.append({"profile": name, "ok": False, "error": str(exc), "host_match": reasons.get(name, "")})
-    if args.json:
-        print(json.dumps({"host_profile": best, "profiles": rows}, indent=2))
-        return 0
-    print(f"host profile: {best}")
-    for row in rows:
-        if not row["ok"]:
-            print(f"\n{row['profile']}: CANNOT BUILD: {row['error']}")
-            continue
-        print(f"\n{row['profile']}: {row['compiler']}  {' '.join(row['cflags'] + row['ldflags'])}")
-        for note in row["notes"]:
-            print(f"  note: {note}")
-        print(f"  {'runnable' if row['runnable_here'] else 'NOT runnable'} here: {row['reason']}")
+    try:
+        rep = report(args.names or None, args.cc)
+    except ProfileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(rep, indent=2) if args.json else format_report(rep))
     return 0
 
 

@@ -1,0 +1,85 @@
+"""The problems the tuner times: a reference model shape, a phase (decode T=1 or
+prefill), and a weight dtype. Data, not branches: add a shape or a phase here."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# Reference shapes (DESIGN.md), facts from the models' published configs.
+SHAPES = {
+    "qwen3-30b-a3b": dict(H=2048, I=768, E=128, k=8, scoring="softmax", norm=True),
+    "mixtral-8x7b": dict(H=4096, I=14336, E=8, k=2, scoring="softmax", norm=True),
+    "olmoe-1b-7b": dict(H=2048, I=1024, E=64, k=8, scoring="softmax", norm=False),
+    "qwen1.5-moe-a2.7b": dict(H=2048, I=1408, E=60, k=4, scoring="softmax", norm=False,
+                              S=5632, gated=True),
+    "deepseek-v2-lite": dict(H=2048, I=1408, E=64, k=6, scoring="softmax", norm=False,
+                             S=2816, gated=False),
+    # not a model: small enough for the tuner's own tests and smoke runs
+    "tiny": dict(H=256, I=128, E=16, k=4, scoring="softmax", norm=True, S=64, gated=True),
+}
+PHASES = {"decode": 1, "prefill": 128}
+ELEM_BYTES = {"f32": 4, "bf16": 2, "int8": 1}
+
+
+@dataclass(frozen=True)
+class Problem:
+    shape: str
+    phase: str
+    dtype: str
+    T: int
+    H: int
+    I: int
+    E: int
+    k: int
+    scoring: str = "softmax"
+    norm: bool = True
+    S: int = 0
+    gated: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.shape}/{self.phase}/{self.dtype}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of one routed expert's three matrices in this dtype."""
+        return 3 * self.I * self.H * ELEM_BYTES[self.dtype]
+
+    @property
+    def decode_bytes(self) -> int:
+        """Weight bytes one decode token streams: k experts plus the shared expert."""
+        return (self.k * self.expert_bytes
+                + 3 * self.S * self.H * ELEM_BYTES[self.dtype] + self.E * self.H * 4)
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds x 2 of one call: T tokens x (k experts + shared) x 3 matrices."""
+        return 2 * self.T * (self.k * 3 * self.I * self.H + 3 * self.S * self.H + self.E * self.H)
+
+
+def problem(name: str) -> Problem:
+    """'shape/phase/dtype', e.g. 'qwen3-30b-a3b/decode/f32' (phase may be 'prefill512')."""
+    try:
+        shape, phase, dtype = name.split("/")
+    except ValueError:
+        raise ValueError(f"problem {name!r} is not 'shape/phase/dtype'") from None
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+    if dtype not in ELEM_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(ELEM_BYTES)}")
+    base = phase.rstrip("0123456789")
+    if base not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}; known: decode, prefill, prefillN")
+    T = int(phase[len(base):]) if phase != base else PHASES[base]
+    s = SHAPES[shape]
+    return Problem(shape=shape, phase=phase, dtype=dtype, T=T, H=s["H"], I=s["I"], E=s["E"],
+                   k=s["k"], scoring=s["scoring"], norm=s["norm"], S=s.get("S", 0),
+                   gated=s.get("gated", False))
+
+
+# What `tuner run` tunes by default, and with --quick.
+DEFAULT_PROBLEMS = ("qwen3-30b-a3b/decode/f32", "qwen3-30b-a3b/decode/bf16",
+                    "qwen3-30b-a3b/decode/int8", "qwen3-30b-a3b/prefill/f32")
+QUICK_PROBLEMS = ("qwen3-30b-a3b/decode/f32", "qwen3-30b-a3b/prefill64/f32")
