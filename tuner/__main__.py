@@ -26,6 +26,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.quick:
         cfg.min_seconds = min(cfg.min_seconds, 0.3)
         cfg.retime_rounds = 3
+    if args.space:
+        restrict = {}
+        for item in args.space:
+            name, _, values = item.partition("=")
+            if not values:
+                print(f"tuner run: --space wants KNOB=V1,V2,..., got {item!r}", file=sys.stderr)
+                return 2
+            restrict[name] = [int(v) if v.lstrip("-").isdigit() else v for v in values.split(",")]
+        cfg.space_overrides = restrict
     if args.store:
         cfg.store_path = Path(args.store)
     if args.build_dir:
@@ -70,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--problem", action="append", metavar="SHAPE/PHASE/DTYPE",
                    help="problem to tune for (repeatable), e.g. qwen3-30b-a3b/decode/bf16")
     p.add_argument("--profile", help="target profile (default: this host's)")
+    p.add_argument("--space", action="append", metavar="KNOB=V1,V2",
+                   help="restrict a knob to these values (repeatable)")
     p.add_argument("--threads", type=int, help="threads per layer call (default: all CPUs)")
     p.add_argument("--min-seconds", type=float, default=0.5,
                    help="timing per variant and problem (default 0.5)")

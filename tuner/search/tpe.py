@@ -1,7 +1,7 @@
 """Model-based search: Optuna's Tree-structured Parzen Estimator (TPE).
 
 search(space, evaluate, budget, *, rng, start=None, seed=None, n_startup=10,
-       multivariate=True, ordinal="categorical", patience=10) -> Result
+       multivariate=True, ordinal="categorical", patience=3) -> Result
 
 One Optuna trial per proposal, driven with ask/tell (no Optuna storage, no threads).
 Each knob is one Optuna distribution:
@@ -44,7 +44,7 @@ ORDINAL_MODES = ("categorical", "index")
 
 def search(space, evaluate, budget: Budget, *, rng=None, start=None, seed: int | None = None,
            n_startup: int = 10, multivariate: bool = True, ordinal: str = "categorical",
-           patience: int = 10) -> Result:
+           patience: int = 3) -> Result:
     import optuna  # imported here: it takes a second, and only this strategy needs it
 
     rng = make_rng(rng)

@@ -1,0 +1,145 @@
+"""Search spaces: enumeration, membership, neighbourhoods, subspaces, built from knobs files."""
+from __future__ import annotations
+
+import collections
+import itertools
+import random
+
+import pytest
+
+from tuner.render import KnobError, load_knob_spec
+from tuner.space import Space
+
+ALL_ISAS = ["avx512", "avx2", "portable", "scalar"]
+
+
+@pytest.fixture(scope="module")
+def ffn() -> Space:
+    return Space.from_spec(load_knob_spec("expert_ffn"), ALL_ISAS)
+
+
+def brute_force(spec, isas):
+    names = list(spec.knobs)
+    values = [isas if n == "isa" else list(spec.knobs[n].values) for n in names]
+    return [dict(zip(names, v)) for v in itertools.product(*values)
+            if not spec.violated(dict(zip(names, v)))]
+
+
+def test_from_spec_matches_a_brute_force_enumeration(ffn):
+    spec = load_knob_spec("expert_ffn")
+    expected = brute_force(spec, ALL_ISAS)
+    assert ffn.points() == expected
+    assert ffn.size() == len(expected) == 460      # 4 isas x 23 (rows, tok_block, unroll) x 5
+    assert all(p["rows"] * p["tok_block"] * p["unroll"] <= 16 for p in ffn.points())
+    assert ffn.categorical == {"isa"}
+    assert ffn.default == {n: k.default for n, k in spec.knobs.items()}
+
+
+def test_profile_isas_cut_and_order_the_isa_knob():
+    spec = load_knob_spec("expert_ffn")
+    s = Space.from_spec(spec, ["avx2", "portable", "scalar"])
+    assert s.knobs["isa"] == ("avx2", "portable", "scalar")
+    assert s.size() == 3 * 115
+    s = Space.from_spec(spec, ["portable", "scalar"], overrides={"prefetch": [0, 512]},
+                        default={"isa": "scalar", "rows": 1, "tok_block": 1, "unroll": 1, "prefetch": 0})
+    assert s.knobs["prefetch"] == (0, 512) and s.size() == 2 * 23 * 2
+    assert s.default["isa"] == "scalar"
+    with pytest.raises(KnobError):
+        Space.from_spec(spec, ALL_ISAS, overrides={"rows": [3]})
+    with pytest.raises(ValueError, match="no values"):
+        Space.from_spec(spec, ["neon"])
+
+
+def test_points_are_deterministic_with_the_last_knob_fastest():
+    s = Space(knobs={"a": (1, 2), "b": ("x", "y", "z")})
+    assert [tuple(p.values()) for p in s.points()] == [
+        (1, "x"), (1, "y"), (1, "z"), (2, "x"), (2, "y"), (2, "z")]
+    assert s.points() == Space(knobs={"a": [1, 2], "b": ["x", "y", "z"]}).points()
+    assert [s.index(p) for p in s.points()] == list(range(6))
+
+
+def test_contains_and_why_not(ffn):
+    p = ffn.points()[17]
+    assert ffn.contains(p) and p in ffn
+    assert ffn.why_not({**p, "rows": 3}).startswith("rows=3 not in")
+    assert "constraint violated" in ffn.why_not({**p, "rows": 4, "tok_block": 4, "unroll": 2})
+    assert "missing" in ffn.why_not({k: v for k, v in p.items() if k != "isa"})
+    assert "unknown" in ffn.why_not({**p, "threads": 2})
+    assert not ffn.contains("isa=avx2")
+
+
+def test_string_and_callable_constraints():
+    s = Space(knobs={"rows": (1, 2, 4), "unroll": (1, 2, 4)},
+              constraints=["rows * unroll <= 4", lambda p: not (p["rows"] == 1 and p["unroll"] == 4)])
+    assert s.size() == 5
+    assert not s.contains({"rows": 1, "unroll": 4}) and s.contains({"rows": 2, "unroll": 2})
+    with pytest.raises(KnobError, match="only"):
+        Space(knobs={"rows": (1, 2)}, constraints=["__import__('os').system('true')"])
+    with pytest.raises(KnobError, match="not a knob"):
+        Space(knobs={"rows": (1, 2)}, constraints=["cols < 2"])
+    with pytest.raises(ValueError, match="default"):
+        Space(knobs={"rows": (1, 2)}, constraints=["rows < 2"], default={"rows": 2})
+    with pytest.raises(ValueError, match="repeats"):
+        Space(knobs={"rows": (1, 1)})
+
+
+def test_random_point_is_valid_uniform_and_seeded(ffn):
+    rng = random.Random(5)
+    draws = [ffn.random_point(rng) for _ in range(4600)]
+    assert all(ffn.contains(p) for p in draws)
+    counts = collections.Counter(ffn.index(p) for p in draws)
+    assert len(counts) > 440                    # nearly every point drawn (mean 10 draws each)
+    assert max(counts.values()) < 30
+    assert [ffn.random_point(random.Random(9)) for _ in range(3)] == \
+           [ffn.random_point(random.Random(9)) for _ in range(3)]
+
+
+def test_neighbours_move_one_knob_adjacent_or_any_other_category(ffn):
+    p = {"isa": "avx2", "rows": 2, "tok_block": 1, "unroll": 2, "prefetch": 512}
+    nbrs = ffn.neighbours(p)
+    assert all(ffn.contains(q) for q in nbrs)
+    changed = [tuple(k for k in p if p[k] != q[k]) for q in nbrs]
+    assert all(len(c) == 1 for c in changed)
+    by_knob = collections.defaultdict(set)
+    for q, (k,) in zip(nbrs, changed):
+        by_knob[k].add(q[k])
+    assert by_knob == {"isa": {"avx512", "portable", "scalar"}, "rows": {1, 4},
+                       "tok_block": {2}, "unroll": {1, 4}, "prefetch": {256, 1024}}
+    # constraint: rows 4 x tok_block 4 x unroll 1 = 16 may not go to unroll 2
+    corner = {"isa": "scalar", "rows": 4, "tok_block": 4, "unroll": 1, "prefetch": 0}
+    assert {q["unroll"] for q in ffn.neighbours(corner)} == {1}
+    assert {q["prefetch"] for q in ffn.neighbours(corner)} == {0, 256}
+
+
+def test_neighbourhood_is_symmetric_and_connected(ffn):
+    pts = ffn.points()
+    nb = {ffn.index(p): {ffn.index(q) for q in ffn.neighbours(p)} for p in pts}
+    assert all(i in nb[j] for i, js in nb.items() for j in js)
+    seen, todo = {0}, [0]
+    while todo:
+        for j in nb[todo.pop()]:
+            if j not in seen:
+                seen.add(j)
+                todo.append(j)
+    assert len(seen) == len(pts)
+
+
+def test_subspace_restricts_and_keeps_order(ffn):
+    q = ffn.subspace(isa="avx2", prefetch=[1024, 0])
+    assert q.knobs["isa"] == ("avx2",) and q.knobs["prefetch"] == (0, 1024)
+    assert q.size() == 23 * 2
+    assert all(ffn.contains(p) for p in q.points())
+    assert q.default is None                       # the template default (portable) is cut out
+    assert ffn.subspace(isa="portable").default == ffn.default
+    with pytest.raises(ValueError, match="unknown knob"):
+        ffn.subspace(threads=2)
+    with pytest.raises(ValueError, match="not in the space"):
+        ffn.subspace(rows=[3])
+    with pytest.raises(ValueError, match="no valid point"):
+        Space(knobs={"a": (1, 2), "b": (1, 2)}, constraints=["a + b < 4"]).subspace(a=2, b=2)
+
+
+def test_describe_is_plain_data(ffn):
+    d = ffn.describe()
+    assert d["size"] == 460 and d["constraints"] == ["rows * tok_block * unroll <= 16"]
+    assert d["knobs"]["isa"] == ALL_ISAS and d["categorical"] == ["isa"]
