@@ -1,5 +1,6 @@
-"""Corners of the kernel knob space: each builds through SCons (config=) and computes
-the layer right for every dtype, on shapes with ragged rows, columns and tokens."""
+"""Corners of the kernel knob space (both classes, decode and prefill): each builds
+through SCons (config=) and computes the layer right for every dtype, on shapes with
+ragged rows, columns and tokens."""
 import numpy as np
 import pytest
 
@@ -8,16 +9,17 @@ from moe_data import assert_close, make_case
 from colibri._lib import build_profile
 from tuner import render
 
-# (isa, rows, tok_block, unroll, prefetch): every value of each knob appears at least once
+# (isa, decode rows, tok_block, unroll, prefetch, prefill rows, tok_block, unroll, prefetch):
+# every value of each knob appears at least once
 CORNERS = [
-    ("scalar", 1, 1, 1, 0),
-    ("scalar", 2, 2, 4, 256),
-    ("portable", 4, 4, 1, 2048),
-    ("portable", 1, 2, 4, 512),
-    ("avx2", 2, 1, 4, 1024),
-    ("avx2", 4, 2, 2, 512),
-    ("avx512", 1, 4, 4, 1024),
-    ("avx512", 4, 1, 2, 0),
+    ("scalar", 1, 1, 1, 0, 1, 1, 1, 0),
+    ("scalar", 2, 2, 4, 256, 4, 4, 1, 2048),
+    ("portable", 4, 2, 1, 2048, 2, 4, 2, 256),
+    ("portable", 1, 2, 4, 512, 1, 2, 4, 512),
+    ("avx2", 2, 1, 4, 1024, 4, 2, 2, 1024),
+    ("avx2", 4, 2, 2, 512, 2, 2, 4, 0),
+    ("avx512", 1, 2, 4, 1024, 1, 4, 4, 512),
+    ("avx512", 4, 1, 2, 0, 4, 4, 1, 2048),
 ]
 
 
@@ -27,21 +29,25 @@ def cases():
             make_case(H=130, I=64, E=5, k=2, scoring="softmax_topk", seed=2)]
 
 
-@pytest.mark.parametrize("isa,rows,tok_block,unroll,prefetch", CORNERS)
-def test_corner_builds_and_is_correct(tmp_path, cases, isa, rows, tok_block, unroll, prefetch):
+@pytest.mark.parametrize("isa,rows,tok_block,unroll,prefetch,p_rows,p_tok_block,p_unroll,p_prefetch",
+                         CORNERS)
+def test_corner_builds_and_is_correct(tmp_path, cases, isa, rows, tok_block, unroll, prefetch,
+                                      p_rows, p_tok_block, p_unroll, p_prefetch):
     profile = {"avx512": "x86-64-v4", "avx2": "x86-64-v3"}.get(isa, "generic")
     from tuner import cpuinfo, profiles
 
     ok, why = profiles.runs_on(profiles.get_profile(profile), cpuinfo.host_cpu())
     if not ok:
         pytest.skip(f"{profile} kernels cannot run on this host: {why}")
-    knobs = dict(isa=isa, rows=rows, tok_block=tok_block, unroll=unroll, prefetch=prefetch)
+    knobs = dict(isa=isa, rows=rows, tok_block=tok_block, unroll=unroll, prefetch=prefetch,
+                 prefill_rows=p_rows, prefill_tok_block=p_tok_block, prefill_unroll=p_unroll,
+                 prefill_prefetch=p_prefetch)
     cfg = render.write_config_h(tmp_path / "config.h", knobs, signature="0", profile=profile)
     lib = build_profile(profile, config=cfg, build_dir=tmp_path / "build", quiet=True)
     for case in cases:
         for dtype in ("f32", "bf16", "int8"):
             L = colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype=dtype,
                                  lib=lib, **case.layer_kwargs())
-            for T in (1, 7):
+            for T in (1, 2, 7, 40):  # decode class (<= 2 tokens per expert) and prefill
                 x = case.inputs(T, seed=T)
                 assert_close(L(x), case.reference(x, dtype))

@@ -53,7 +53,7 @@ def emit(t, knobs: dict, summary: dict) -> dict:
         "ldflags": summary["ldflags"], "notes": summary["notes"],
         "knobs": knobs,
         "summary": {k: summary[k] for k in ("strategy", "space_size", "evaluations", "rows",
-                                            "winner", "finalists", "default", "failed",
+                                            "winner", "classes", "default", "failed",
                                             "read_bandwidth_gbps", "store")},
     }
     render.atomic_write(out / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True,

@@ -28,6 +28,25 @@ from .store import Measurement, Store
 
 KERNEL = "expert_ffn"
 
+# Problem classes and the knobs each one tunes; the other knobs are held at the
+# values already chosen (the decode class goes first and picks the ISA).
+CLASSES = {
+    "decode": ("isa", "rows", "tok_block", "unroll", "prefetch"),
+    "prefill": ("prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch"),
+}
+# --quick: the profile's ISA and the corners of the block knobs around the default
+QUICK = {
+    "decode": lambda d: {"rows": [1, 2, 4], "tok_block": [d["tok_block"]],
+                         "unroll": sorted({1, 2, d["unroll"]}), "prefetch": sorted({0, d["prefetch"]})},
+    "prefill": lambda d: {"prefill_rows": [2, 4], "prefill_tok_block": [2, 4],
+                          "prefill_unroll": [1, 2], "prefill_prefetch": [d["prefill_prefetch"]]},
+}
+
+
+def problem_class(p) -> str:
+    """Decode kernels serve experts with <= 2 tokens (CB_DECODE_MAX_TOKENS in the template)."""
+    return "decode" if p.T <= 2 else "prefill"
+
 
 @dataclass
 class RunConfig:
@@ -74,8 +93,8 @@ class Tuner:
                               + (tdir / f"{KERNEL}{render.KNOBS_SUFFIX}").read_text())
         self.default = render.resolve_knobs(self.spec, self.profile.knobs, None,
                                             self.profile.kernel_isas)
-        self.space = self._space()
-        self.problems = [problems_mod.problem(n) for n in cfg.problems]
+        self.all_problems = [problems_mod.problem(n) for n in cfg.problems]
+        self.problems = self.all_problems  # the class being tuned (set by run())
         self.work = Path(cfg.build_dir) / "tuner"
         self.store_path = Path(cfg.store_path or self.work / f"results-{self.host_id}.sqlite")
         self.store = Store(self.store_path, exclusive=True)
@@ -95,16 +114,21 @@ class Tuner:
                          template_source=self.template_text, knobs=knobs,
                          problem=dict(prob.to_dict(), threads=self.cfg.threads or os.cpu_count()))
 
-    def _space(self) -> Space:
+    def class_space(self, cls: str, base: dict) -> Space:
+        """The class's knobs over their values; every other knob fixed at `base`."""
         space = Space.from_spec(self.spec, self.profile.kernel_isas)
-        restrict = dict(self.cfg.space_overrides or {})
-        if self.cfg.quick and not restrict:
-            # --quick: the profile's ISA, the knobs' corners around the default
-            d = self.default
-            restrict = {"isa": [d["isa"]], "tok_block": sorted({1, d["tok_block"], 2}),
-                        "unroll": sorted({1, 2, d["unroll"]}),
-                        "prefetch": sorted({0, d["prefetch"]})}
-        return space.subspace(**restrict) if restrict else space
+        mine = CLASSES[cls]
+        restrict = {k: [v] for k, v in base.items() if k not in mine}
+        overrides = {k: v for k, v in (self.cfg.space_overrides or {}).items() if k in mine}
+        if self.cfg.quick and not overrides:
+            overrides = QUICK[cls](self.default)
+            if "isa" in mine:
+                overrides["isa"] = [self.default["isa"]]
+        # knobs no template of this run declares (e.g. a test knob) stay as given
+        restrict.update({k: v for k, v in (self.cfg.space_overrides or {}).items()
+                         if k not in CLASSES["decode"] + CLASSES["prefill"]})
+        restrict.update(overrides)
+        return space.subspace(**restrict)
 
     # ----------------------------------------------------------- measuring
     def cached(self, knobs: dict):
@@ -128,13 +152,13 @@ class Tuner:
         self.say(f"built {len(built) - bad}, failed {bad} in {time.perf_counter() - t0:.1f} s")
         return {b.vid: b for b in built}
 
-    def evaluate(self, knobs: dict, built: dict | None = None) -> float | None:
+    def evaluate(self, knobs: dict, built=None) -> float | None:
         rows = self.cached(knobs)
         if rows is not None:
             self.from_store += 1
             return self.cost(rows)
         vid = variant_id(knobs)
-        b = (built or {}).get(vid) or self.build([knobs]).get(vid)
+        b = (built.get(vid) if built is not None else None) or self.build([knobs]).get(vid)
         if b is None:  # raced into the store meanwhile
             return self.cost(self.cached(knobs))
         if b.lib is None:
@@ -209,40 +233,77 @@ def weights_ready(t: Tuner) -> None:
 
 def run(cfg: RunConfig, host: dict | None = None) -> dict:
     """The whole pipeline; returns the summary (also written as the manifest when emitting)."""
-    from . import emit, search
+    from . import emit
 
     t0 = time.perf_counter()
     t = Tuner(cfg, host)
     try:
         t.say(f"host {t.host_id}: profile {t.profile_name}, {t.resolved.compiler.family} "
-              f"{t.resolved.version}; space {t.space.size()} variant(s); store {t.store_path}")
+              f"{t.resolved.version}; store {t.store_path}")
         weights_ready(t)
-        budget = search.Budget(max_evals=cfg.max_evals or (t.space.size() if cfg.quick else None),
-                               max_seconds=cfg.budget_s)
-        name = cfg.strategy or search.choose_default(t.space, budget)
-        t.say(f"strategy {name}, budget {budget}")
-        # the default goes first: every run knows what tuning bought
-        default_cost = t.evaluate(t.default, t.build([t.default]))
-        if name in ("exhaustive", "random"):  # the points are known up front: build them in one batch
-            pts = list(t.space.points())
-            prebuilt = t.build(pts[: budget.max_evals] if budget.max_evals else pts)
-        else:
-            prebuilt = {}
-        mod = search.STRATEGIES[name]
-        import random
-
-        result = mod.search(t.space, lambda k: t.evaluate(k, prebuilt), budget,
-                            rng=random.Random(cfg.seed),
-                            start=[t.default, *cfg.start_points])
-        finals = _finalists(t, result)
-        retimed = _retime(t, finals)
-        winner = min(retimed, key=lambda r: r["cost"]) if retimed else None
-        summary = _summary(t, name, result, default_cost, retimed, winner, time.perf_counter() - t0)
-        if cfg.emit and winner is not None:
-            summary["emitted"] = emit.emit(t, winner["knobs"], summary)
+        base, classes = dict(t.default), []
+        for cls in CLASSES:
+            t.problems = [p for p in t.all_problems if problem_class(p) == cls]
+            if not t.problems:
+                continue
+            out = _tune_class(t, cls, base)
+            classes.append(out)
+            if out["winner"]:
+                base = dict(out["winner"]["knobs"])
+        t.problems = t.all_problems
+        summary = _summary(t, classes, base, time.perf_counter() - t0)
+        if cfg.emit and summary["winner"] is not None:
+            summary["emitted"] = emit.emit(t, base, summary)
         return summary
     finally:
         t.store.close()
+
+
+def _tune_class(t: Tuner, cls: str, base: dict) -> dict:
+    """Search one class's knobs on its problems; re-time its finalists with the default."""
+    import random
+
+    from . import search
+
+    cfg = t.cfg
+    space = t.class_space(cls, base)
+    budget = search.Budget(max_evals=cfg.max_evals or (space.size() if cfg.quick else None),
+                           max_seconds=cfg.budget_s)
+    name = cfg.strategy or search.choose_default(space, budget)
+    t.say(f"class {cls}: {', '.join(p.name for p in t.problems)}; {space.size()} variant(s), "
+          f"strategy {name}, {budget}")
+    # the default goes first: every class knows what tuning bought
+    default_cost = t.evaluate(t.default, t.build([t.default]))
+    # exhaustive search knows its points up front: build them ahead, a chunk at a time
+    prebuilt = _Ahead(t, list(space.points()) if name == "exhaustive" else [])
+    start = [k for k in (base, *cfg.start_points) if space.contains(k)]
+    result = search.STRATEGIES[name].search(space, lambda k: t.evaluate(k, prebuilt), budget,
+                                            rng=random.Random(cfg.seed), start=start or None)
+    retimed = _retime(t, _finalists(t, result))
+    winner = min(retimed, key=lambda r: r["cost"]) if retimed else None
+    return {"class": cls, "problems": [p.name for p in t.problems], "strategy": name,
+            "space_size": space.size(), "evaluations": result.evaluations,
+            "default_cost": default_cost, "finalists": retimed, "winner": winner}
+
+
+class _Ahead:
+    """Builds of points known in advance, made a chunk at a time as the search reaches
+    them: SCons compiles a chunk in parallel, and measuring starts before the whole
+    space is compiled."""
+
+    CHUNK = 16
+
+    def __init__(self, t: Tuner, order: list[dict]):
+        self.t, self.order, self.done = t, order, {}
+        self.pos = {variant_id(k): i for i, k in enumerate(order)}
+
+    def get(self, vid: str):
+        if vid not in self.done and vid in self.pos:
+            i = self.pos[vid]
+            chunk = [k for k in self.order[i:i + self.CHUNK] if variant_id(k) not in self.done]
+            self.t.say(f"[{i + 1}-{min(i + self.CHUNK, len(self.order))}/{len(self.order)}]")
+            self.done.update(self.t.build(chunk))
+        return self.done.get(vid)
 
 
 def _finalists(t: Tuner, result) -> list[dict]:
@@ -308,34 +369,43 @@ def _retime_measure(t: Tuner, finals: list[dict]) -> list[dict]:
     return out
 
 
-def _summary(t: Tuner, strategy, result, default_cost, retimed, winner, wall) -> dict:
-    dflt = next((r for r in retimed if r["is_default"]), None)
+def _summary(t: Tuner, classes: list[dict], knobs: dict, wall: float) -> dict:
     rows = []
-    if winner:
-        for i, p in enumerate(t.problems):
-            tuned = winner["per_problem"][i]
+    bw = t.read_bandwidth()
+    for c in classes:
+        w = c["winner"]
+        if not w:
+            continue
+        dflt = next((r for r in c["finalists"] if r["is_default"]), None)
+        for i, name in enumerate(c["problems"]):
+            p = problems_mod.problem(name)
+            tuned = w["per_problem"][i]
             base = dflt["per_problem"][i] if dflt else None
             gbps = p.decode_bytes / tuned / 1e9 if p.T == 1 else None
-            bw = t.read_bandwidth()
-            rows.append({"problem": p.name, "default_s": base, "tuned_s": tuned,
-                         "speedup": (base / tuned) if base else None, "gbps": gbps,
-                         "bw_fraction": (gbps / bw) if gbps and bw else None,
+            rows.append({"problem": p.name, "class": c["class"], "default_s": base,
+                         "tuned_s": tuned, "speedup": (base / tuned) if base else None,
+                         "gbps": gbps, "bw_fraction": (gbps / bw) if gbps and bw else None,
                          "gflops": p.flops / tuned / 1e9})
+    complete = bool(classes) and all(c["winner"] for c in classes)
     failed = [m for m in t.store.query(kernel=KERNEL, host_id=t.host_id) if m.status != "ok"]
     return {
         "host_id": t.host_id, "profile": t.profile_name,
         "compiler": {"family": t.resolved.compiler.family, "version": t.resolved.version,
                      "path": t.resolved.compiler.path},
         "cflags": list(t.resolved.cflags), "ldflags": list(t.resolved.ldflags),
-        "notes": list(t.resolved.notes), "strategy": strategy,
-        "space_size": t.space.size(), "evaluations": result.evaluations,
+        "notes": list(t.resolved.notes),
+        "classes": classes,
+        "evaluations": sum(c["evaluations"] for c in classes),
+        "space_size": sum(c["space_size"] for c in classes),
+        "strategy": ",".join(sorted({c["strategy"] for c in classes})),
         "measured_this_run": t.measured, "from_store": t.from_store,
-        "default": {"knobs": t.default, "cost": default_cost},
-        "winner": winner, "finalists": retimed, "rows": rows,
+        "default": {"knobs": t.default},
+        "winner": {"knobs": knobs, "vid": variant_id(knobs),
+                   "is_default": variant_id(knobs) == variant_id(t.default)} if complete else None,
+        "rows": rows,
         "failed": [{"vid": variant_id(m.knobs), "problem": m.problem, "status": m.status,
                     "reason": m.reason[:500]} for m in failed],
-        "wall_s": wall, "store": str(t.store_path),
-        "read_bandwidth_gbps": t.read_bandwidth(),
+        "wall_s": wall, "store": str(t.store_path), "read_bandwidth_gbps": bw,
     }
 
 
@@ -349,6 +419,9 @@ def print_summary(summary: dict, out=sys.stdout) -> None:
         print("no variant passed verification: nothing emitted", file=out)
         return
     print(f"winner {w['vid']}" + ("  (the default)" if w["is_default"] else ""), file=out)
+    for c in summary["classes"]:
+        print(f"  class {c['class']}: {c['strategy']}, {c['evaluations']} of {c['space_size']} "
+              f"variant(s) evaluated", file=out)
     bw = summary.get("read_bandwidth_gbps")
     hdr = f"{'kernel':11} {'problem':32} {'default':>11} {'tuned':>11} {'speed-up':>8} {'GB/s':>7} {'% of bw':>8}"
     print(hdr, file=out)
