@@ -140,3 +140,12 @@ def test_killed_run_resumes_without_losing_measurements_and_a_rerun_measures_not
     assert _rows(store) == after
     assert s2["winner"]["knobs"] == s["winner"]["knobs"]
     assert time.time() - t0 < 60
+    # the emitted library is what the binding loads by default on this host
+    emitted = Path(s2["emitted"]["dir"])
+    assert {"config.h", "libcolibri.so", "manifest.json"} <= {p.name for p in emitted.iterdir()}
+    manifest = json.loads((emitted / "manifest.json").read_text())
+    assert manifest["knobs"] == s2["winner"]["knobs"] and manifest["summary"]["rows"]
+    res = subprocess.run([sys.executable, "-c", "from colibri._lib import default_library_path as d;"
+                          "print(d())"], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, COLIBRI_BUILD_DIR=str(tmp_path / "build")))
+    assert Path(res.stdout.strip()) == emitted / "libcolibri.so", res.stderr
