@@ -272,18 +272,21 @@ def _tune_class(t: Tuner, cls: str, base: dict) -> dict:
     name = cfg.strategy or search.choose_default(space, budget)
     t.say(f"class {cls}: {', '.join(p.name for p in t.problems)}; {space.size()} variant(s), "
           f"strategy {name}, {budget}")
-    # the default goes first: every class knows what tuning bought
-    default_cost = t.evaluate(t.default, t.build([t.default]))
+    # the class's default goes first (its knobs at the profile's defaults, the knobs of
+    # classes already tuned at their winners): every class knows what tuning bought
+    baseline = {**base, **{k: t.default[k] for k in CLASSES[cls] if k in t.default}}
+    default_cost = t.evaluate(baseline, t.build([baseline]))
     # exhaustive search knows its points up front: build them ahead, a chunk at a time
     prebuilt = _Ahead(t, list(space.points()) if name == "exhaustive" else [])
     start = [k for k in (base, *cfg.start_points) if space.contains(k)]
     result = search.STRATEGIES[name].search(space, lambda k: t.evaluate(k, prebuilt), budget,
                                             rng=random.Random(cfg.seed), start=start or None)
-    retimed = _retime(t, _finalists(t, result))
+    retimed = _retime(t, _finalists(t, result, baseline), baseline)
     winner = min(retimed, key=lambda r: r["cost"]) if retimed else None
     return {"class": cls, "problems": [p.name for p in t.problems], "strategy": name,
             "space_size": space.size(), "evaluations": result.evaluations,
-            "default_cost": default_cost, "finalists": retimed, "winner": winner}
+            "default": baseline, "default_cost": default_cost, "finalists": retimed,
+            "winner": winner}
 
 
 class _Ahead:
@@ -306,7 +309,7 @@ class _Ahead:
         return self.done.get(vid)
 
 
-def _finalists(t: Tuner, result) -> list[dict]:
+def _finalists(t: Tuner, result, baseline: dict) -> list[dict]:
     ok = [(c, k) for k, c in result.history if c is not None]
     ok.sort(key=lambda ck: ck[0])
     out, seen = [], set()
@@ -317,12 +320,12 @@ def _finalists(t: Tuner, result) -> list[dict]:
             out.append(k)
         if len(out) == t.cfg.finalists:
             break
-    if variant_id(t.default) not in seen and t.cached(t.default) and t.cost(t.cached(t.default)):
-        out.append(t.default)
+    if variant_id(baseline) not in seen and t.cached(baseline) and t.cost(t.cached(baseline)):
+        out.append(baseline)
     return out
 
 
-def _retime(t: Tuner, finals: list[dict]) -> list[dict]:
+def _retime(t: Tuner, finals: list[dict], baseline: dict) -> list[dict]:
     """Finalists and the default timed again, interleaved (A B C A B C ...), so that a
     drift of the machine hits all of them alike; the winner is chosen on these.
 
@@ -337,12 +340,12 @@ def _retime(t: Tuner, finals: list[dict]) -> list[dict]:
     if cache.exists():
         t.say(f"finalists unchanged: re-timing taken from {cache.name}")
         return json.loads(cache.read_text())
-    out = _retime_measure(t, finals)
+    out = _retime_measure(t, finals, baseline)
     render.atomic_write(cache, json.dumps(out, indent=1))
     return out
 
 
-def _retime_measure(t: Tuner, finals: list[dict]) -> list[dict]:
+def _retime_measure(t: Tuner, finals: list[dict], baseline: dict) -> list[dict]:
     libs = {variant_id(k): variants.variant_dir(t.work / "variants", t.profile_name, variant_id(k))
             / "libcolibri.so" for k in finals}
     per = {variant_id(k): [] for k in finals}
@@ -365,7 +368,7 @@ def _retime_measure(t: Tuner, finals: list[dict]) -> list[dict]:
         meds = [sorted(r[i] for r in rounds)[len(rounds) // 2] for i in range(len(t.problems))]
         cost = math.exp(sum(math.log(m) for m in meds) / len(meds))
         out.append({"knobs": k, "vid": variant_id(k), "cost": cost, "per_problem": meds,
-                    "is_default": variant_id(k) == variant_id(t.default)})
+                    "is_default": variant_id(k) == variant_id(baseline)})
     return out
 
 
