@@ -10,7 +10,6 @@ import time
 import pytest
 
 from tuner import search
-from tuner.render import load_knob_spec
 from tuner.search import (EXHAUSTED, MAX_EVALS, MAX_SECONDS, STRATEGIES, Budget, Evaluations,
                           BudgetExhausted, choose_default)
 from tuner.space import Space
@@ -22,7 +21,12 @@ TARGET = {"rows": 4, "tok_block": 1, "unroll": 2, "prefetch": 1024}
 
 @pytest.fixture(scope="module")
 def ffn() -> Space:
-    return Space.from_spec(load_knob_spec("expert_ffn"), ["avx512", "avx2", "portable", "scalar"])
+    """A 460-point space shaped like expert_ffn's decode knobs (fixed here, not read from
+    the template, so the tests do not move when the template evolves)."""
+    return Space(knobs={"isa": ("avx512", "avx2", "portable", "scalar"), "rows": (1, 2, 4),
+                        "tok_block": (1, 2, 4), "unroll": (1, 2, 4),
+                        "prefetch": (0, 256, 512, 1024, 2048)},
+                 constraints=["rows * tok_block * unroll <= 16"], name="ffn")
 
 
 def bowl(p) -> float:
@@ -208,6 +212,8 @@ def test_annealing_options_are_checked(ffn):
         STRATEGIES["annealing"].search(ffn, bowl, Budget(5), rng=0, cooling=1.5)
     with pytest.raises(ValueError):
         STRATEGIES["annealing"].search(ffn, bowl, Budget(5), rng=0, restart_from="nowhere")
+    with pytest.raises(ValueError):
+        STRATEGIES["annealing"].search(ffn, bowl, Budget(5), rng=0, pair_moves=2)
     r = STRATEGIES["annealing"].search(ffn, bowl, Budget(60), rng=0, restart_from="best")
     assert r.info["chains"] >= 1 and r.evaluations == 60
 

@@ -7,15 +7,46 @@ import random
 
 import pytest
 
-from tuner.render import KnobError, load_knob_spec
+from tuner.render import KnobError, load_knob_spec, template_names
 from tuner.space import Space
 
 ALL_ISAS = ["avx512", "avx2", "portable", "scalar"]
 
+# A knobs file of the shape of templates/expert_ffn.knobs.yaml (decode block knobs),
+# fixed here so that the numbers below do not move when the real template evolves.
+KNOBS_YAML = """\
+knobs:
+  isa:
+    values: [scalar, portable, avx2, avx512]
+    default: portable
+  rows:
+    values: [1, 2, 4]
+    default: 2
+  tok_block:
+    values: [1, 2, 4]
+    default: 2
+  unroll:
+    values: [1, 2, 4]
+    default: 2
+  prefetch:
+    values: [0, 256, 512, 1024, 2048]
+    default: 512
+constraints:
+  - rows * tok_block * unroll <= 16
+"""
+
 
 @pytest.fixture(scope="module")
-def ffn() -> Space:
-    return Space.from_spec(load_knob_spec("expert_ffn"), ALL_ISAS)
+def spec(tmp_path_factory):
+    d = tmp_path_factory.mktemp("templates")
+    (d / "ffn.c.j2").write_text("/* {{ isa }} */\n")
+    (d / "ffn.knobs.yaml").write_text(KNOBS_YAML)
+    return load_knob_spec("ffn", d)
+
+
+@pytest.fixture(scope="module")
+def ffn(spec) -> Space:
+    return Space.from_spec(spec, ALL_ISAS)
 
 
 def brute_force(spec, isas):
@@ -25,18 +56,29 @@ def brute_force(spec, isas):
             if not spec.violated(dict(zip(names, v)))]
 
 
-def test_from_spec_matches_a_brute_force_enumeration(ffn):
-    spec = load_knob_spec("expert_ffn")
+def test_from_spec_matches_a_brute_force_enumeration(spec, ffn):
     expected = brute_force(spec, ALL_ISAS)
     assert ffn.points() == expected
     assert ffn.size() == len(expected) == 460      # 4 isas x 23 (rows, tok_block, unroll) x 5
     assert all(p["rows"] * p["tok_block"] * p["unroll"] <= 16 for p in ffn.points())
     assert ffn.categorical == {"isa"}
     assert ffn.default == {n: k.default for n, k in spec.knobs.items()}
+    assert ffn.name == "ffn"
 
 
-def test_profile_isas_cut_and_order_the_isa_knob():
-    spec = load_knob_spec("expert_ffn")
+@pytest.mark.parametrize("template", template_names())
+def test_every_real_template_gives_a_consistent_space(template):
+    spec = load_knob_spec(template)
+    isas = ["avx2", "portable"]
+    space = Space.from_spec(spec, isas)
+    assert space.size() == len(brute_force(spec, isas)) > 0
+    sub = space.subspace(**{n: [space.points()[0][n]] for n in list(spec.knobs)[1:]})
+    assert sub.points() == [p for p in space.points() if all(p[n] == sub.points()[0][n]
+                                                            for n in list(spec.knobs)[1:])]
+    assert all(space.contains(q) for q in space.neighbours(space.points()[-1]))
+
+
+def test_profile_isas_cut_and_order_the_isa_knob(spec):
     s = Space.from_spec(spec, ["avx2", "portable", "scalar"])
     assert s.knobs["isa"] == ("avx2", "portable", "scalar")
     assert s.size() == 3 * 115
@@ -143,3 +185,24 @@ def test_describe_is_plain_data(ffn):
     d = ffn.describe()
     assert d["size"] == 460 and d["constraints"] == ["rows * tok_block * unroll <= 16"]
     assert d["knobs"]["isa"] == ALL_ISAS and d["categorical"] == ["isa"]
+
+
+def test_coupled_knobs_and_pair_neighbours(ffn):
+    assert ffn.coupled == (("rows", "tok_block"), ("rows", "unroll"), ("tok_block", "unroll"))
+    p = {"isa": "avx2", "rows": 2, "tok_block": 4, "unroll": 2, "prefetch": 512}
+    pairs = ffn.pair_neighbours(p)
+    assert all(ffn.contains(q) and sum(q[k] != p[k] for k in p) == 2 for q in pairs)
+    assert all({k for k in p if q[k] != p[k]} <= {"rows", "tok_block", "unroll"} for q in pairs)
+    # the ridge: rows up alone is invalid, but rows up with unroll down is a pair move
+    assert {**p, "rows": 4} not in ffn.neighbours(p)
+    assert {**p, "rows": 4, "unroll": 1} in pairs
+    every = ffn.pair_neighbours(p, coupled_only=False)
+    assert len(every) > len(pairs) and {**p, "isa": "scalar", "prefetch": 256} in every
+    # callables could couple anything; couplings= says which pairs are
+    s = Space(knobs={"a": (1, 2), "b": (1, 2), "c": (1, 2)}, constraints=[lambda q: True])
+    assert s.coupled == (("a", "b"), ("a", "c"), ("b", "c"))
+    s = Space(knobs={"a": (1, 2), "b": (1, 2), "c": (1, 2)}, constraints=[lambda q: True],
+              couplings=[("c", "a")])
+    assert s.coupled == (("a", "c"),) and s.subspace(b=1).coupled == (("a", "c"),)
+    with pytest.raises(ValueError, match="couplings"):
+        Space(knobs={"a": (1, 2)}, couplings=[("a", "z")])

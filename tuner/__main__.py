@@ -93,11 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("replay", help="run search strategies against a recorded results store",
-                       add_help=False)
-    p.add_argument("args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=lambda a: __import__("tuner.replay", fromlist=["main"]).main(a.args))
+    # replay has its own parser (tuner/replay.py); listed here for --help
+    sub.add_parser("replay", help="run search strategies against a recorded results store "
+                   "(python -m tuner replay --help)")
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["replay"]:
+        from . import replay
+
+        return replay.main(argv[1:])
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -12,20 +12,22 @@ main(argv)                                   `python -m tuner replay STORE ...`
 The replayed space is exactly the set of recorded points (knob values as recorded,
 numbers in ascending order, strings sorted; a point is valid iff it was recorded), so
 no template or profile is needed and a constraint of the recording run is respected
-implicitly. Recorded failures (compile_error, crash, wrong, ...) replay as None.
+implicitly. When templates/<kernel>.knobs.yaml declares the same knobs, its
+constraints tell which knob pairs are coupled (Space.coupled, for pair moves). Recorded failures (compile_error, crash, wrong, ...) replay as None.
 A point that was not recorded is an error (ReplayMissing, a KeyError) by default;
 missing="fail" replays it as a failed variant instead.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import os
-import random
 import statistics
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from .render import KnobError, load_knob_spec
 from .search import STRATEGIES, Budget, make_rng
 from .signature import canonical_json, variant_id
 from .space import Space
@@ -59,6 +61,25 @@ def _sort_values(values: Iterable[Any]) -> tuple:
     return tuple(sorted(values, key=lambda v: (type(v).__name__, str(v))))
 
 
+def _couplings(kernel: str, names: Sequence[str]) -> tuple | None:
+    """Knob pairs coupled by a constraint of the kernel's knobs file, from the
+    constraints that only name recorded knobs (the template may have grown knobs since
+    the recording). None (every pair counts as coupled) when no constraint applies."""
+    try:
+        spec = load_knob_spec(kernel)
+    except KnobError:
+        return None
+    recorded = set(names)
+    usable = []
+    for text in spec.constraints:
+        used = {n.id for n in ast.walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Name)}
+        if used <= recorded:
+            usable.append(text)
+    if not usable:
+        return None
+    return Space(knobs={n: (0,) for n in names}, constraints=usable).coupled
+
+
 class ReplayEvaluator:
     """evaluate(point) -> recorded median_s (None: recorded as failed). See module doc.
 
@@ -87,7 +108,8 @@ class ReplayEvaluator:
         def recorded_point(p, _recorded=recorded):
             return variant_id(p) in _recorded
 
-        self.space = Space(knobs=values, constraints=(recorded_point,), name=f"{kernel} (replayed)")
+        self.space = Space(knobs=values, constraints=(recorded_point,), name=f"{kernel} (replayed)",
+                           couplings=_couplings(kernel, names))
         ok = [m for m in self.measurements.values() if m.ok]
         self.best = min(ok, key=lambda m: m.median_s) if ok else None
         self.calls = 0
@@ -238,7 +260,9 @@ def compare_strategies(store_path: Store | str | os.PathLike, kernel: str, probl
     report = ReplayReport(
         store=str(evaluate.where), kernel=kernel, problem=problem, space_size=space.size(),
         failed_points=sum(1 for m in evaluate.measurements.values() if not m.ok),
-        best_cost=best, best_variant=variant_id(evaluate.best.knobs), tolerance=tolerance,
+        best_cost=best, tolerance=tolerance,
+        best_variant=variant_id({k: v for k, v in evaluate.best.knobs.items()
+                                 if len(space.knobs[k]) > 1}),   # the knobs searched
         near_points=sum(1 for c in evaluate.costs() if c <= target))
     seeds = list(seeds)
     for name in strategies:

@@ -20,6 +20,7 @@ when named in `categorical=`.
 """
 from __future__ import annotations
 
+import ast
 import itertools
 import random
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ class Space:
     default: Mapping[str, Any] | None = None
     categorical: Iterable[str] | None = None
     name: str = ""
+    couplings: Iterable[tuple[str, str]] | None = None
     _checks: tuple = field(default=(), init=False, repr=False)
 
     def __post_init__(self):
@@ -72,6 +74,14 @@ class Space:
             raise ValueError(f"categorical names unknown knobs {sorted(unknown)}")
         cat |= {k for k, vals in knobs.items() if not all(_is_number(v) for v in vals)}
         object.__setattr__(self, "categorical", frozenset(cat))
+        if self.couplings is not None:
+            pairs = {tuple(p) for p in self.couplings}
+            bad = [p for p in pairs if len(p) != 2 or not set(p) <= set(knobs)]
+            if bad:
+                raise ValueError(f"couplings name unknown knobs or are not pairs: {bad}")
+            pairs |= {(b, a) for a, b in pairs}
+            object.__setattr__(self, "couplings", tuple(
+                p for p in itertools.combinations(knobs, 2) if p in pairs))
         if self.default is not None:
             default = dict(self.default)
             if not self.contains(default):
@@ -106,7 +116,7 @@ class Space:
 
     def with_default(self, default: Mapping[str, Any] | None) -> "Space":
         return Space(knobs=self.knobs, constraints=self.constraints, default=default,
-                     categorical=self.categorical, name=self.name)
+                     categorical=self.categorical, name=self.name, couplings=self.couplings)
 
     def subspace(self, **restrict: Any) -> "Space":
         """The same space with some knobs cut to the given value(s), in this space's order.
@@ -126,7 +136,7 @@ class Space:
                 raise ValueError(f"subspace: {knob}={bad} not in the space's values {list(knobs[knob])}")
             knobs[knob] = tuple(v for v in knobs[knob] if v in allowed)
         sub = Space(knobs=knobs, constraints=self.constraints, categorical=self.categorical,
-                    name=self.name)
+                    name=self.name, couplings=self.couplings)
         if sub.size() == 0:
             raise ValueError(f"subspace {restrict} of {self.name or 'space'} has no valid point")
         if self.default is not None and sub.contains(self.default):
@@ -232,17 +242,58 @@ class Space:
         if not self.contains(point):
             raise ValueError(f"neighbours of a non-point: {self.why_not(point)}")
         out = []
-        for knob, values in self.knobs.items():
-            i = values.index(point[knob])
-            if knob in self.categorical:
-                others = [v for j, v in enumerate(values) if j != i]
-            else:
-                others = [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
-            for v in others:
+        for knob in self.knobs:
+            for v in self._moves(knob, point[knob]):
                 cand = self.normalise(point)
                 cand[knob] = v
                 if self._valid(cand):
                     out.append(cand)
+        return out
+
+    def _moves(self, knob: str, value: Any) -> list:
+        values = self.knobs[knob]
+        i = values.index(value)
+        if knob in self.categorical:
+            return [v for j, v in enumerate(values) if j != i]
+        return [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
+
+    @cached_property
+    def coupled(self) -> tuple[tuple[str, str], ...]:
+        """Pairs of knobs that appear together in a constraint (declared order).
+
+        `couplings=` given to the constructor wins. Otherwise a constraint given as a
+        callable could couple any knobs: then every pair is.
+        """
+        names = list(self.knobs)
+        if self.couplings is not None:
+            return self.couplings
+        if any(not isinstance(c, str) for c in self.constraints):
+            return tuple(itertools.combinations(names, 2))
+        pairs = set()
+        for c in self.constraints:
+            used = {n.id for n in ast.walk(ast.parse(c, mode="eval")) if isinstance(n, ast.Name)}
+            pairs |= {(a, b) for a, b in itertools.combinations(names, 2) if a in used and b in used}
+        return tuple(p for p in itertools.combinations(names, 2) if p in pairs)
+
+    def pair_neighbours(self, point: Mapping[str, Any], coupled_only: bool = True) -> list[dict[str, Any]]:
+        """Valid points that differ from `point` in two knobs, each moved as in neighbours().
+
+        A constraint such as rows * unroll <= 8 can make every one-knob step from a good
+        tile worse (rows up is invalid, unroll down is slower) while the two-knob trade
+        (rows up, unroll down) is better: local searches use these moves to cross such
+        ridges. coupled_only: only pairs of knobs that share a constraint (`coupled`).
+        """
+        if not self.contains(point):
+            raise ValueError(f"pair_neighbours of a non-point: {self.why_not(point)}")
+        pairs = self.coupled if coupled_only else itertools.combinations(list(self.knobs), 2)
+        out = []
+        for a, b in pairs:
+            for va in self._moves(a, point[a]):
+                for vb in self._moves(b, point[b]):
+                    cand = self.normalise(point)
+                    cand[a], cand[b] = va, vb
+                    if self._valid(cand):
+                        out.append(cand)
         return out
 
     def describe(self) -> dict[str, Any]:

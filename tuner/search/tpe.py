@@ -26,7 +26,7 @@ What is told to Optuna:
                         over-weight it in the model).
 After `patience` proposals in a row that were invalid or repeated (TPE has converged
 onto measured points), the next trial is enqueued: an unmeasured neighbour of the best
-point, else a random unmeasured point. Start points are enqueued first.
+point (one knob or two coupled knobs moved), else a random unmeasured point. Start points are enqueued first.
 
 Optuna's log output and experimental-feature warnings are silenced for the duration
 of the search (the previous log level is restored).
@@ -70,7 +70,8 @@ def search(space, evaluate, budget: Budget, *, rng=None, start=None, seed: int |
     def fallback(ev):
         best = ev.best_point
         if best is not None:
-            fresh = [p for p in space.neighbours(best) if not ev.seen(p)]
+            fresh = [p for p in space.neighbours(best) + space.pair_neighbours(best)
+                     if not ev.seen(p)]
             if fresh:
                 return rng.choice(fresh)
         rest = [p for p in space.points() if not ev.seen(p)]
