@@ -55,7 +55,7 @@ class MoELayer:
     """One Mixture-of-Experts layer held by the C engine.
 
     router [E, H], gate/up [E, I, H], down [E, H, I]: float32 arrays, converted to
-    `weight_dtype` ("f32", "bf16", "int8") and copied into one arena. Optional shared
+    `weight_dtype` ("f32", "bf16", "int8", "int4") and copied into one arena. Optional shared
     expert: shared_gate/up [S, H], shared_down [H, S], gated by sigmoid(shared_expert_gate . x)
     when shared_expert_gate [H] is given. Calling the layer on float32 x [T, H] returns
     moe(x) [T, H] (no residual)."""
@@ -97,13 +97,13 @@ class MoELayer:
     @classmethod
     def from_encoded(cls, router, encoded, *, weight_dtype, shared_expert_gate=None, **kw):
         """A layer from weights already in `weight_dtype`: encoded maps gate, up, down (and
-        shared_gate/up/down) to (stored array, int8 scales or None) as colibri.quant.encode
+        shared_gate/up/down) to (stored array, int8/int4 scales or None) as colibri.quant.encode
         returns them. Used by the tuner, whose weights are encoded once on disk."""
         if weight_dtype not in quant.DTYPES:
             raise ValueError(f"weight_dtype must be one of {quant.DTYPES}, got {weight_dtype!r}")
         router = f32_array("router", router, (None, None))
         E, H = router.shape
-        want = {"f32": np.float32, "bf16": np.uint16, "int8": np.int8}[weight_dtype]
+        want = quant.STORED_DTYPES[weight_dtype]
         I = encoded["gate"][0].shape[1]
         S = encoded["shared_gate"][0].shape[0] if "shared_gate" in encoded else 0
         shapes = {"gate": (E, I, H), "up": (E, I, H), "down": (E, H, I), "shared_gate": (S, H),
@@ -111,12 +111,17 @@ class MoELayer:
         for n, (stored, scales) in encoded.items():
             if n not in shapes:
                 raise ValueError(f"unknown weight {n!r}")
+            if weight_dtype == "int4":  # packed rows: 16 bytes per group of 32
+                g = quant.int4_groups(shapes[n][-1])
+                shapes[n] = shapes[n][:-1] + (g * 16,)
             if not isinstance(stored, np.ndarray) or stored.dtype != want:
                 raise TypeError(f"{n} must be a {np.dtype(want).name} array for {weight_dtype}")
             if stored.shape != shapes[n] or not stored.flags.c_contiguous:
                 raise ValueError(f"{n} must be C-contiguous with shape {list(shapes[n])}")
             if weight_dtype == "int8":
                 f32_array(f"{n} scales", scales, shapes[n][:-1])
+            elif weight_dtype == "int4":
+                f32_array(f"{n} scales", scales, shapes[n][:-1] + (g,))
         if shared_expert_gate is not None:
             shared_expert_gate = f32_array("shared_expert_gate", shared_expert_gate, (H,))
         self = cls.__new__(cls)

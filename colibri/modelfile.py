@@ -80,7 +80,7 @@ KIND_NAMES = ("router", "gate", "up", "down", "shared_gate", "shared_up", "share
 KIND = {name: i for i, name in enumerate(KIND_NAMES)}
 SCORING = {"softmax": 0, "softmax_topk": 1}
 SCORING_NAMES = {v: k for k, v in SCORING.items()}
-DTYPE_NAMES = quant.DTYPES  # code -> name: ("f32", "bf16", "int8")
+DTYPE_NAMES = quant.DTYPES  # code -> name: ("f32", "bf16", "int8", "int4")
 
 _HEADER = struct.Struct("<10If7I4QI20x")
 _ENTRY = struct.Struct("<IIQQQQII")
@@ -254,6 +254,9 @@ def _payload(kind: int, a: np.ndarray, wdtype: int) -> tuple[int, bytes]:
         return 0, a.astype("<f4", copy=False).tobytes()
     if wdtype == 1:
         return 1, quant.to_bf16(a).astype("<u2", copy=False).tobytes()
+    if wdtype == 3:  # int4: packed groups (a multiple of 16 bytes per row), then the scales
+        q, s = quant.quantize_int4(a)
+        return 3, np.ascontiguousarray(q).tobytes() + np.asarray(s, dtype="<f4").tobytes()
     q, s = quant.quantize_int8(a)
     data = np.ascontiguousarray(q, dtype=np.int8).tobytes()
     pad = (-len(data)) % 4
@@ -274,7 +277,7 @@ def save_model(path, layers: Sequence[dict], *, weight_dtype: str = "f32", align
     k_max (default top_k, else E); optional shared_gate [S,H], shared_up [S,H], shared_down [H,S]
     and shared_expert_gate [H]. All layers must share dimensions and routing config.
 
-    weight_dtype ("f32" | "bf16" | "int8") applies to expert and shared-expert
+    weight_dtype ("f32" | "bf16" | "int8" | "int4") applies to expert and shared-expert
     matrices; the router and the shared expert gate stay f32. With share=True,
     identical tensors (same kind and stored bytes, e.g. one expert array reused by
     several layers) are stored once and named by several slots.
@@ -438,6 +441,11 @@ def _decode(buf, t: dict) -> np.ndarray:
         return np.frombuffer(buf, "<f4", n, off).reshape(rows, cols).astype(np.float32)
     if t["dtype"] == 1:
         return quant.from_bf16(np.frombuffer(buf, "<u2", n, off).reshape(rows, cols))
+    if t["dtype"] == 3:
+        ng = quant.int4_groups(cols)
+        q = np.frombuffer(buf, np.uint8, rows * ng * 16, off).reshape(rows, ng * 16)
+        s = np.frombuffer(buf, "<f4", rows * ng, off + rows * ng * 16).reshape(rows, ng)
+        return quant.dequantize_int4(q, s.astype(np.float32), cols)
     q = np.frombuffer(buf, np.int8, n, off).reshape(rows, cols)
     s = np.frombuffer(buf, "<f4", rows, off + _align(n, 4)).astype(np.float32)
     return quant.dequantize_int8(q, s)

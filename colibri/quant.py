@@ -1,4 +1,5 @@
-"""Weight formats: f32 -> bf16 and int8 (symmetric, one scale per row), and back.
+"""Weight formats: f32 -> bf16, int8 (symmetric, one scale per row) and int4
+(symmetric, one scale per group of 32 along a row, packed for the kernel), and back.
 
 One implementation, used by the layer binding and the model-file writer, so the
 bytes the engine streams are the bytes the tests dequantize.
@@ -7,13 +8,24 @@ from __future__ import annotations
 
 import numpy as np
 
-DTYPES = ("f32", "bf16", "int8")
-DTYPE_CODES = {"f32": 0, "bf16": 1, "int8": 2}
+DTYPES = ("f32", "bf16", "int8", "int4")
+DTYPE_CODES = {"f32": 0, "bf16": 1, "int8": 2, "int4": 3}
+STORED_DTYPES = {"f32": np.float32, "bf16": np.uint16, "int8": np.int8, "int4": np.uint8}
 
 # Worst-case element error of each format, as a bound the tests check:
 # bf16 keeps 8 significant bits (7 stored), so round-to-nearest errs by at most 2^-8 relative;
 # int8 errs by at most half a step, scale / 2, with scale = max|row| / 127.
+# int4 errs by at most half a step of its group, scale / 2, with scale = max|group| / 7.
 BF16_REL_ERR = 2.0 ** -8
+
+# int4: groups of INT4_GROUP weights along a row (the last one zero-padded), one f32
+# scale each; q = rint(w / scale) in [-7, 7] stored as the nibble q + 8. Group g of a
+# row is 16 bytes: byte j holds weight j in its low nibble and weight 16 + j in its
+# high nibble, so one 16-byte load and a mask/shift give two runs of 16 weights that
+# line up with 16 consecutive activations each (see templates/expert_ffn.c.j2).
+# The int4 kernels also quantize the activations they multiply, per group of 32, to
+# int8 (scale = max|x_group| / 127) and accumulate exact integer dot products per group.
+INT4_GROUP = 32
 
 
 def to_bf16(a: np.ndarray) -> np.ndarray:
@@ -46,6 +58,65 @@ def dequantize_int8(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return q.astype(np.float32) * scales[..., None]
 
 
+def int4_groups(cols: int) -> int:
+    return -(-cols // INT4_GROUP)
+
+
+def quantize_int4(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[..., rows, cols] float32 -> (packed uint8 [..., rows, groups * 16],
+    float32 scales [..., rows, groups]), groups = ceil(cols / 32)."""
+    a = np.asarray(a, dtype=np.float32)
+    cols = a.shape[-1]
+    ng = int4_groups(cols)
+    pad = ng * INT4_GROUP - cols
+    if pad:
+        a = np.concatenate([a, np.zeros(a.shape[:-1] + (pad,), np.float32)], axis=-1)
+    g = a.reshape(a.shape[:-1] + (ng, INT4_GROUP))
+    scales = (np.max(np.abs(g), axis=-1) / np.float32(7.0)).astype(np.float32)
+    safe = np.where(scales > 0, scales, np.float32(1.0))
+    q = np.clip(np.rint(g / safe[..., None]), -7, 7).astype(np.int16) + 8  # nibble 1..15
+    packed = (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)
+    return packed.reshape(a.shape[:-1] + (ng * 16,)), scales
+
+
+def dequantize_int4(packed: np.ndarray, scales: np.ndarray, cols: int) -> np.ndarray:
+    """The float32 weights [..., rows, cols] of quantize_int4's output."""
+    packed = np.asarray(packed, dtype=np.uint8)
+    ng = scales.shape[-1]
+    b = packed.reshape(packed.shape[:-1] + (ng, 16))
+    q = np.concatenate([b & 15, b >> 4], axis=-1).astype(np.float32) - 8
+    w = (q * scales[..., None]).reshape(packed.shape[:-1] + (ng * INT4_GROUP,))
+    return np.ascontiguousarray(w[..., :cols])
+
+
+def quantize_activations(x: np.ndarray) -> np.ndarray:
+    """What the int4 kernels multiply instead of x [..., cols]: x quantized to int8
+    per group of 32 (scale = max|group| / 127, round to nearest even) and scaled back,
+    in the same float32 operations as the C code (templates/expert_ffn.c.j2, i4_prep)."""
+    x = np.asarray(x, dtype=np.float32)
+    cols = x.shape[-1]
+    ng = int4_groups(cols)
+    pad = ng * INT4_GROUP - cols
+    xp = np.concatenate([x, np.zeros(x.shape[:-1] + (pad,), np.float32)], axis=-1) if pad else x
+    g = xp.reshape(x.shape[:-1] + (ng, INT4_GROUP))
+    amax = np.max(np.abs(g), axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+        q = np.clip(np.rint(g * inv), -127, 127)
+    sc = (amax / np.float32(127.0)).astype(np.float32)
+    out = (q * sc).reshape(xp.shape)[..., :cols]
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def stored_bytes(dtype: str, rows: int, cols: int) -> int:
+    """Bytes the engine streams for one [rows, cols] matrix: data plus its scales."""
+    if dtype == "int4":
+        return rows * int4_groups(cols) * (16 + 4)
+    if dtype == "int8":
+        return rows * cols + rows * 4
+    return rows * cols * {"f32": 4, "bf16": 2}[dtype]
+
+
 def encode(a: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray | None]:
     """float32 weights -> (stored array, int8 scales or None)."""
     if dtype == "f32":
@@ -55,23 +126,29 @@ def encode(a: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray | None]:
     if dtype == "int8":
         q, s = quantize_int8(a)
         return np.ascontiguousarray(q), np.ascontiguousarray(s)
+    if dtype == "int4":
+        q, s = quantize_int4(a)
+        return np.ascontiguousarray(q), np.ascontiguousarray(s)
     raise ValueError(f"weight_dtype must be one of {DTYPES}, got {dtype!r}")
 
 
-def decode(stored: np.ndarray, scales: np.ndarray | None, dtype: str) -> np.ndarray:
-    """The float32 weights the engine computes with."""
+def decode(stored: np.ndarray, scales: np.ndarray | None, dtype: str,
+           cols: int | None = None) -> np.ndarray:
+    """The float32 weights the engine computes with (int4 needs the row length, cols)."""
     if dtype == "f32":
         return np.asarray(stored, dtype=np.float32)
     if dtype == "bf16":
         return from_bf16(stored)
     if dtype == "int8":
         return dequantize_int8(stored, scales)
+    if dtype == "int4":
+        return dequantize_int4(stored, scales, cols)
     raise ValueError(f"weight_dtype must be one of {DTYPES}, got {dtype!r}")
 
 
 def roundtrip(a: np.ndarray, dtype: str) -> np.ndarray:
     """a as the engine sees it after conversion to dtype."""
-    return decode(*encode(a, dtype), dtype)
+    return decode(*encode(a, dtype), dtype, cols=np.shape(a)[-1])
 
 
 class PerExpert:

@@ -51,15 +51,21 @@ def silu(z):
     return z / (1.0 + np.exp(-z))
 
 
-def expert(x, gate, up, down):
-    """x [n, H] float64; gate/up [I, H]; down [H, I]."""
-    return (silu(x @ gate.T) * (x @ up.T)) @ down.T
+def expert(x, gate, up, down, act=None):
+    """x [n, H] float64; gate/up [I, H]; down [H, I]. act: what the kernels do to the
+    activations before each matrix (int4: colibri.quant.quantize_activations), or None."""
+    if act is None:
+        return (silu(x @ gate.T) * (x @ up.T)) @ down.T
+    xa = np.asarray(act(x), dtype=np.float64)
+    h = silu(xa @ gate.T) * (xa @ up.T)
+    return np.asarray(act(h), dtype=np.float64) @ down.T
 
 
 def moe_layer(x, router, gate, up, down, *, top_k, scoring="softmax", norm_topk_prob=True,
               dyn_p=0.0, k_min=1, k_max=None, shared_gate=None, shared_up=None,
-              shared_down=None, shared_expert_gate=None):
-    """y = moe(x) in float64 (no residual). Weights as the engine sees them (dequantized)."""
+              shared_down=None, shared_expert_gate=None, act=None):
+    """y = moe(x) in float64 (no residual). Weights as the engine sees them (dequantized);
+    act as in expert()."""
     f = lambda a: None if a is None else np.asarray(a, dtype=np.float64)
     x = f(x)
     logits = x @ f(router).T
@@ -72,10 +78,10 @@ def moe_layer(x, router, gate, up, down, *, top_k, scoring="softmax", norm_topk_
     for e, pairs in sorted(by_expert.items()):
         toks = np.array([t for t, _ in pairs])
         ws = np.array([we for _, we in pairs])
-        out = expert(x[toks], f(gate[e]), f(up[e]), f(down[e]))
+        out = expert(x[toks], f(gate[e]), f(up[e]), f(down[e]), act)
         np.add.at(y, toks, ws[:, None] * out)
     if shared_gate is not None:
-        s = expert(x, f(shared_gate), f(shared_up), f(shared_down))
+        s = expert(x, f(shared_gate), f(shared_up), f(shared_down), act)
         if shared_expert_gate is not None:
             s = s * (1.0 / (1.0 + np.exp(-(x @ f(shared_expert_gate)))))[:, None]
         y += s

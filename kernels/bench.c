@@ -42,3 +42,28 @@ int colibri_bench_layer(colibri_layer *layer, const float *inputs, int n_inputs,
     *n_samples = n;
     return COLIBRI_OK;
 }
+
+int colibri_bench_route(const float *logits, int n_tokens, int n_experts,
+                        const colibri_route_config *cfg, int32_t *idx, float *weights,
+                        int warmup, double min_seconds, int max_samples, double *samples,
+                        int *n_samples) {
+    cb_clear_error();
+    if (!samples || !n_samples) return cb_fail(COLIBRI_ERR_INVALID, "bench: NULL argument");
+    if (max_samples < 1 || warmup < 0)
+        return cb_fail(COLIBRI_ERR_INVALID, "bench: max_samples must be >= 1, warmup >= 0");
+    int st;
+    for (int i = 0; i < warmup; ++i)
+        if ((st = colibri_route(logits, n_tokens, n_experts, cfg, idx, weights, NULL))) return st;
+    const double t_start = now_s();
+    int n = 0;
+    while (n < max_samples) {
+        const double t0 = now_s();
+        st = colibri_route(logits, n_tokens, n_experts, cfg, idx, weights, NULL);
+        const double t1 = now_s();
+        if (st) return st;
+        samples[n++] = t1 - t0;
+        if (t1 - t_start >= min_seconds) break;
+    }
+    *n_samples = n;
+    return COLIBRI_OK;
+}

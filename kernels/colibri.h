@@ -34,7 +34,11 @@ typedef enum {
 typedef enum {
     COLIBRI_F32 = 0,
     COLIBRI_BF16 = 1, /* upper 16 bits of an IEEE float, round-to-nearest-even */
-    COLIBRI_INT8 = 2  /* symmetric, one float scale per output row: w = q * scale */
+    COLIBRI_INT8 = 2, /* symmetric, one float scale per output row: w = q * scale */
+    COLIBRI_INT4 = 3  /* symmetric, one float scale per group of 32 along a row; a row is
+                       * ceil(cols/32) groups of 16 bytes: byte j = (q[j] + 8) | (q[16+j] + 8) << 4,
+                       * q in [-7, 7], w = q * scale (padding weights q = 0). The kernels
+                       * also quantize activations to int8 per group of 32 (FORMAT.md) */
 } colibri_dtype;
 
 typedef enum {
@@ -107,16 +111,16 @@ typedef struct {
     const void *gate;          /* [E, I, H] of weight_dtype */
     const void *up;            /* [E, I, H] */
     const void *down;          /* [E, H, I] */
-    const float *gate_scales;  /* int8 only: [E, I] */
-    const float *up_scales;    /* int8 only: [E, I] */
-    const float *down_scales;  /* int8 only: [E, H] */
+    const float *gate_scales;  /* int8: [E, I]; int4: [E, I, ceil(H/32)] */
+    const float *up_scales;    /* int8: [E, I]; int4: [E, I, ceil(H/32)] */
+    const float *down_scales;  /* int8: [E, H]; int4: [E, H, ceil(I/32)] */
     int shared_inter;          /* S, 0 = no shared expert */
     const void *shared_gate;   /* [S, H] */
     const void *shared_up;     /* [S, H] */
     const void *shared_down;   /* [H, S] */
-    const float *shared_gate_scales; /* int8 only: [S] */
-    const float *shared_up_scales;   /* int8 only: [S] */
-    const float *shared_down_scales; /* int8 only: [H] */
+    const float *shared_gate_scales; /* int8: [S]; int4: [S, ceil(H/32)] */
+    const float *shared_up_scales;   /* int8: [S]; int4: [S, ceil(H/32)] */
+    const float *shared_down_scales; /* int8: [H]; int4: [H, ceil(S/32)] */
     const float *shared_expert_gate; /* [H]: output scaled by sigmoid(w.x); NULL = ungated */
     int hugepages;    /* colibri_hugepages for the weight arena */
     int numa_node;    /* < 0: no binding */
@@ -154,6 +158,13 @@ colibri_layer *colibri_model_layer(colibri_model *model, int index);
 int colibri_bench_layer(colibri_layer *layer, const float *inputs, int n_inputs, int n_tokens,
                         float *out, int n_threads, int warmup, double min_seconds,
                         int max_samples, double *samples, int *n_samples);
+
+/* Times colibri_route alone on logits [n_tokens, n_experts] (same loop as above);
+ * idx and weights [n_tokens, colibri_route_slots(cfg)] receive the last result. */
+int colibri_bench_route(const float *logits, int n_tokens, int n_experts,
+                        const colibri_route_config *cfg, int32_t *idx, float *weights,
+                        int warmup, double min_seconds, int max_samples, double *samples,
+                        int *n_samples);
 
 /* ---- memory bandwidth (membw.c; the host probe's bandwidth figures) ---- */
 typedef enum {

@@ -20,11 +20,22 @@ int cb_fail(int status, const char *fmt, ...) {
     return status;
 }
 
-size_t cb_dtype_elem_bytes(int dtype) {
+int cb_dtype_valid(int dtype) { return dtype >= COLIBRI_F32 && dtype <= COLIBRI_INT4; }
+
+size_t cb_mat_data_bytes(int dtype, size_t rows, size_t cols) {
     switch (dtype) {
-    case COLIBRI_F32: return 4;
-    case COLIBRI_BF16: return 2;
-    case COLIBRI_INT8: return 1;
+    case COLIBRI_F32: return rows * cols * 4;
+    case COLIBRI_BF16: return rows * cols * 2;
+    case COLIBRI_INT8: return rows * cols;
+    case COLIBRI_INT4: return rows * ((cols + CB_INT4_GROUP - 1) / CB_INT4_GROUP) * 16;
+    default: return 0;
+    }
+}
+
+size_t cb_mat_scale_count(int dtype, size_t rows, size_t cols) {
+    switch (dtype) {
+    case COLIBRI_INT8: return rows;
+    case COLIBRI_INT4: return rows * ((cols + CB_INT4_GROUP - 1) / CB_INT4_GROUP);
     default: return 0;
     }
 }

@@ -4,7 +4,8 @@
 
 #include "colibri.h"
 
-/* One weight matrix [rows, cols] of the layer's dtype; scales for int8 (one per row). */
+/* One weight matrix [rows, cols] of the layer's dtype; scales for int8 (one per row)
+ * and int4 (one per group of CB_INT4_GROUP along a row). */
 typedef struct {
     const void *w;
     const float *scales;
@@ -35,8 +36,14 @@ struct colibri_layer {
 int cb_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cb_clear_error(void);
 
-/* Bytes of one matrix payload as stored (int8: data padded to 4, then rows f32 scales). */
-size_t cb_dtype_elem_bytes(int dtype);
+#define CB_INT4_GROUP 32
+
+/* Is dtype one the engine knows (colibri_dtype)? */
+int cb_dtype_valid(int dtype);
+/* Bytes of the weight data of a [rows, cols] matrix (no scales), and its scale count.
+ * Callers bound rows and cols (<= 2^20 each), so neither overflows size_t. */
+size_t cb_mat_data_bytes(int dtype, size_t rows, size_t cols);
+size_t cb_mat_scale_count(int dtype, size_t rows, size_t cols);
 
 /* Validates a route config against n_experts; sets the error on failure. */
 int cb_route_config_check(const colibri_route_config *cfg, int n_experts);

@@ -8,6 +8,7 @@
  * experts. */
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,16 +35,17 @@ int colibri_get_num_threads(void) {
 
 static size_t align_up(size_t v) { return (v + CB_ALIGN - 1) / CB_ALIGN * CB_ALIGN; }
 
-/* Bytes of a [rows, cols] matrix of dtype plus its int8 scales, each 64-aligned. */
+/* Bytes of a [rows, cols] matrix of dtype plus its scales, each 64-aligned. */
 static size_t mat_bytes(int dtype, size_t rows, size_t cols) {
-    size_t b = align_up(rows * cols * cb_dtype_elem_bytes(dtype));
-    if (dtype == COLIBRI_INT8) b += align_up(rows * sizeof(float));
+    size_t b = align_up(cb_mat_data_bytes(dtype, rows, cols));
+    size_t ns = cb_mat_scale_count(dtype, rows, cols);
+    if (ns) b += align_up(ns * sizeof(float));
     return b;
 }
 
 static int copy_mat(colibri_pool *pool, int dtype, const void *src, const float *scales, size_t rows,
                     size_t cols, cb_mat *out) {
-    size_t n = rows * cols * cb_dtype_elem_bytes(dtype);
+    size_t n = cb_mat_data_bytes(dtype, rows, cols);
     void *w = colibri_pool_alloc(pool, n, CB_ALIGN);
     if (!w) return COLIBRI_ERR_NOMEM;
     memcpy(w, src, n);
@@ -51,10 +53,11 @@ static int copy_mat(colibri_pool *pool, int dtype, const void *src, const float 
     out->scales = NULL;
     out->rows = (int)rows;
     out->cols = (int)cols;
-    if (dtype == COLIBRI_INT8) {
-        float *s = colibri_pool_alloc(pool, rows * sizeof(float), CB_ALIGN);
+    size_t ns = cb_mat_scale_count(dtype, rows, cols);
+    if (ns) {
+        float *s = colibri_pool_alloc(pool, ns * sizeof(float), CB_ALIGN);
         if (!s) return COLIBRI_ERR_NOMEM;
-        memcpy(s, scales, rows * sizeof(float));
+        memcpy(s, scales, ns * sizeof(float));
         out->scales = s;
     }
     return COLIBRI_OK;
@@ -69,22 +72,24 @@ static int check_desc(const colibri_layer_desc *d) {
     if (d->shared_inter < 0 || d->shared_inter > CB_MAX_DIM)
         return cb_fail(COLIBRI_ERR_INVALID, "shared_inter %d out of range [0, %d]", d->shared_inter,
                        CB_MAX_DIM);
-    if (cb_dtype_elem_bytes(d->weight_dtype) == 0)
-        return cb_fail(COLIBRI_ERR_INVALID, "weight_dtype %d is not 0 (f32), 1 (bf16) or 2 (int8)",
+    if (!cb_dtype_valid(d->weight_dtype))
+        return cb_fail(COLIBRI_ERR_INVALID,
+                       "weight_dtype %d is not 0 (f32), 1 (bf16), 2 (int8) or 3 (int4)",
                        d->weight_dtype);
     int st = cb_route_config_check(&d->route, d->n_experts);
     if (st) return st;
     if (!d->router || !d->gate || !d->up || !d->down)
         return cb_fail(COLIBRI_ERR_INVALID, "router, gate, up and down must not be NULL");
-    int q = d->weight_dtype == COLIBRI_INT8;
+    int q = d->weight_dtype == COLIBRI_INT8 || d->weight_dtype == COLIBRI_INT4;
     if (q && (!d->gate_scales || !d->up_scales || !d->down_scales))
-        return cb_fail(COLIBRI_ERR_INVALID, "int8 weights need gate_scales, up_scales and down_scales");
+        return cb_fail(COLIBRI_ERR_INVALID, "%s weights need gate_scales, up_scales and down_scales",
+                       d->weight_dtype == COLIBRI_INT8 ? "int8" : "int4");
     if (d->shared_inter > 0) {
         if (!d->shared_gate || !d->shared_up || !d->shared_down)
             return cb_fail(COLIBRI_ERR_INVALID,
                            "shared_inter > 0 needs shared_gate, shared_up and shared_down");
         if (q && (!d->shared_gate_scales || !d->shared_up_scales || !d->shared_down_scales))
-            return cb_fail(COLIBRI_ERR_INVALID, "int8 shared expert needs its three scale arrays");
+            return cb_fail(COLIBRI_ERR_INVALID, "a quantized shared expert needs its three scale arrays");
     } else if (d->shared_expert_gate) {
         return cb_fail(COLIBRI_ERR_INVALID, "shared_expert_gate given without a shared expert");
     }
@@ -100,7 +105,8 @@ colibri_layer *colibri_layer_create(const colibri_layer_desc *d) {
     const size_t H = (size_t)d->hidden, I = (size_t)d->inter, E = (size_t)d->n_experts;
     const size_t S = (size_t)d->shared_inter;
     const int dt = d->weight_dtype;
-    const size_t es = cb_dtype_elem_bytes(dt);
+    const size_t nb_ih = cb_mat_data_bytes(dt, I, H), nb_hi = cb_mat_data_bytes(dt, H, I);
+    const size_t ns_ih = cb_mat_scale_count(dt, I, H), ns_hi = cb_mat_scale_count(dt, H, I);
     const size_t per_expert = 2 * mat_bytes(dt, I, H) + mat_bytes(dt, H, I);
     size_t total = align_up(E * H * sizeof(float)) + E * per_expert;
     if (S) total += 2 * mat_bytes(dt, S, H) + mat_bytes(dt, H, S) + align_up(H * sizeof(float));
@@ -131,12 +137,12 @@ colibri_layer *colibri_layer_create(const colibri_layer_desc *d) {
     L->router = router;
     /* experts contiguous: [gate | gate scales | up | up scales | down | down scales] */
     for (size_t e = 0; e < E && !st; ++e) {
-        const char *g = (const char *)d->gate + e * I * H * es;
-        const char *u = (const char *)d->up + e * I * H * es;
-        const char *dn = (const char *)d->down + e * H * I * es;
-        st = copy_mat(pool, dt, g, d->gate_scales ? d->gate_scales + e * I : NULL, I, H, &ex[e].gate);
-        if (!st) st = copy_mat(pool, dt, u, d->up_scales ? d->up_scales + e * I : NULL, I, H, &ex[e].up);
-        if (!st) st = copy_mat(pool, dt, dn, d->down_scales ? d->down_scales + e * H : NULL, H, I, &ex[e].down);
+        const char *g = (const char *)d->gate + e * nb_ih;
+        const char *u = (const char *)d->up + e * nb_ih;
+        const char *dn = (const char *)d->down + e * nb_hi;
+        st = copy_mat(pool, dt, g, d->gate_scales ? d->gate_scales + e * ns_ih : NULL, I, H, &ex[e].gate);
+        if (!st) st = copy_mat(pool, dt, u, d->up_scales ? d->up_scales + e * ns_ih : NULL, I, H, &ex[e].up);
+        if (!st) st = copy_mat(pool, dt, dn, d->down_scales ? d->down_scales + e * ns_hi : NULL, H, I, &ex[e].down);
         ex[e].inter = (int)I;
     }
     if (!st && S) {
@@ -200,7 +206,7 @@ static void split_range(int n, int nt, int tid, int align, int *lo, int *hi) {
 
 /* Phase 1 for one thread: its slice of the rows x tokens work over all jobs. */
 static void phase_gateup(const colibri_layer *L, const cb_job *jobs, int njobs, const float *x,
-                         int tid, int nt) {
+                         int tid, int nt, void *ws) {
     long total = 0;
     for (int j = 0; j < njobs; ++j) total += (long)jobs[j].ex->inter * jobs[j].ntok;
     const long lo = total * tid / nt, hi = total * (tid + 1) / nt;
@@ -218,7 +224,7 @@ static void phase_gateup(const colibri_layer *L, const cb_job *jobs, int njobs, 
             r1 = r1 >= jb->ex->inter ? jb->ex->inter : (r1 + blk - 1) / blk * blk;
             if (r0 < r1)
                 cbk_gateup(L->dtype, &jb->ex->gate, &jb->ex->up, x, L->hidden, jb->tok, jb->ntok,
-                           (int)r0, (int)r1, jb->h, jb->ex->inter);
+                           (int)r0, (int)r1, jb->h, jb->ex->inter, ws);
         }
         base += cost;
     }
@@ -245,9 +251,17 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     size_t f_logits = (size_t)T * E, f_w = n_sel, f_tw = n_sel + (size_t)T;
     size_t i_idx = n_sel, i_cnt = (size_t)T, i_tok = n_sel + (size_t)T, i_off = (size_t)E + 1;
     size_t h_floats = n_sel * (size_t)L->inter + (size_t)T * S;
+    /* per-thread kernel workspace (int4: the quantized activations), 64-aligned */
+    int max_cols = H > L->inter ? H : L->inter;
+    if (S > max_cols) max_cols = S;
+    const size_t wsb = (cbk_workspace_bytes(L->dtype, max_cols, T) + 63) / 64 * 64;
     size_t bytes = (f_logits + f_w + f_tw + h_floats) * sizeof(float) +
                    (i_idx + i_cnt + i_tok + 2 * i_off) * sizeof(int32_t) +
                    (size_t)(E + 1) * sizeof(cb_job);
+    const size_t ws_off = (bytes + 63) / 64 * 64;
+    if (wsb && (size_t)nt > (SIZE_MAX - ws_off - 64) / wsb)
+        return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d: kernel workspace too large", T);
+    bytes = ws_off + (size_t)nt * wsb + 64;
     char *scratch = malloc(bytes);
     if (!scratch) return cb_fail(COLIBRI_ERR_NOMEM, "out of memory for %zu bytes of scratch", bytes);
     float *logits = (float *)scratch;
@@ -260,6 +274,8 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     int32_t *off = tok + i_tok;
     int32_t *fill = off + i_off;
     cb_job *jobs = (cb_job *)(fill + i_off);
+    /* malloc aligns to 16: round the workspace base up to 64 */
+    char *wsbase = (char *)(((uintptr_t)scratch + ws_off + 63) / 64 * 64);
 
     /* router logits: logits[t, e] = router[e] . x[t], split by experts */
     memset(logits, 0, f_logits * sizeof(float));
@@ -269,7 +285,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     {
         int lo, hi;
         split_range(E, omp_get_num_threads(), omp_get_thread_num(), 1, &lo, &hi);
-        if (lo < hi) cbk_rows_acc(COLIBRI_F32, &rmat, x, H, T, tw, tok, lo, hi, logits, E);
+        if (lo < hi) cbk_rows_acc(COLIBRI_F32, &rmat, x, H, T, tw, tok, lo, hi, logits, E, NULL);
     }
     int st = colibri_route(logits, T, E, &L->route, isel, wsel, cnt);
     if (st) {
@@ -318,14 +334,15 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
 #pragma omp parallel num_threads(nt)
     {
         const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-        phase_gateup(L, jobs, njobs, x, tid, nth);
+        void *ws = wsb ? wsbase + (size_t)tid * wsb : NULL;
+        phase_gateup(L, jobs, njobs, x, tid, nth, ws);
 #pragma omp barrier
         int c0, c1;
         split_range(H, nth, tid, 16, &c0, &c1); /* 16 floats: threads never share a cache line of y */
         for (int t = 0; t < T; ++t) memset(y + (size_t)t * H + c0, 0, (size_t)(c1 - c0) * sizeof(float));
         for (int j = 0; j < njobs && c0 < c1; ++j)
             cbk_rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter, jobs[j].ntok,
-                         jobs[j].tw, jobs[j].tok, c0, c1, y, H);
+                         jobs[j].tw, jobs[j].tok, c0, c1, y, H, ws);
     }
     free(scratch);
     return COLIBRI_OK;

@@ -108,8 +108,9 @@ static cb_mat mat_at(const cb_model_file *mf, uint32_t t) {
     cb_mf_tensor_at(mf, t, &e);
     const unsigned char *w = cb_mf_payload(mf, &e);
     cb_mat m = {w, NULL, (int)e.rows, (int)e.cols};
-    if (e.dtype == COLIBRI_INT8) /* int8: data padded to 4, then rows f32 scales */
-        m.scales = (const float *)(const void *)(w + ((e.rows * e.cols + 3) & ~(uint64_t)3));
+    if (e.dtype == COLIBRI_INT8 || e.dtype == COLIBRI_INT4) /* data padded to 4, then f32 scales */
+        m.scales = (const float *)(const void *)(w + ((cb_mat_data_bytes((int)e.dtype, e.rows, e.cols) + 3) &
+                                                      ~(uint64_t)3));
     return m;
 }
 

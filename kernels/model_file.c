@@ -94,6 +94,7 @@ const char *cb_mf_dtype_name(uint32_t dtype) {
     case COLIBRI_F32: return "f32";
     case COLIBRI_BF16: return "bf16";
     case COLIBRI_INT8: return "int8";
+    case COLIBRI_INT4: return "int4";
     default: return "unknown";
     }
 }
@@ -134,6 +135,13 @@ int cb_mf_payload_bytes(uint32_t dtype, uint64_t rows, uint64_t cols, uint64_t *
         padded &= ~(uint64_t)3;
         if (__builtin_mul_overflow(rows, (uint64_t)4, &scales) ||
             __builtin_add_overflow(padded, scales, &bytes))
+            return -1;
+        break;
+    }
+    case COLIBRI_INT4: { /* ceil(cols/32) groups of 16 bytes per row, then f32 scale per group */
+        uint64_t groups = cols / CB_INT4_GROUP + (cols % CB_INT4_GROUP != 0), ng, data, scales;
+        if (__builtin_mul_overflow(rows, groups, &ng) || __builtin_mul_overflow(ng, (uint64_t)16, &data) ||
+            __builtin_mul_overflow(ng, (uint64_t)4, &scales) || __builtin_add_overflow(data, scales, &bytes))
             return -1;
         break;
     }
@@ -236,7 +244,7 @@ static int check_header(cb_model_file *mf) {
     }
     if ((rc = check_range(mf, "scoring", CB_MF_OFF_SCORING, h->scoring, 0, 1)) ||
         (rc = check_range(mf, "norm_topk_prob", CB_MF_OFF_NORM_TOPK_PROB, h->norm_topk_prob, 0, 1)) ||
-        (rc = check_range(mf, "weight_dtype", CB_MF_OFF_WEIGHT_DTYPE, h->weight_dtype, 0, 2)))
+        (rc = check_range(mf, "weight_dtype", CB_MF_OFF_WEIGHT_DTYPE, h->weight_dtype, 0, 3)))
         return rc;
     if (h->shared_inter > MF_MAX_DIM)
         return mf_fail(mf, "header.shared_inter (byte 56): %u, expected 0 (no shared expert) or "

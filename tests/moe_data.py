@@ -40,9 +40,10 @@ class Case:
         """float64 moe(x) with the weights as the engine holds them in `dtype`."""
         rt = lambda a: None if a is None else quant.roundtrip(a, dtype)
         sh = {k: (v if k == "shared_expert_gate" else rt(v)) for k, v in self.shared.items()}
+        act = quant.quantize_activations if dtype == "int4" else None
         return reference.moe_layer(x, self.router, quant.PerExpert(self.gate, dtype),
                                    quant.PerExpert(self.up, dtype), quant.PerExpert(self.down, dtype),
-                                   **self.route, **sh)
+                                   **self.route, **sh, act=act)
 
     def inputs(self, T, seed=1):
         """x [T, H] float32 whose routing has a clear margin for every token."""

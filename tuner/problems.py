@@ -17,7 +17,7 @@ SHAPES = {
     "tiny": dict(H=256, I=128, E=16, k=4, scoring="softmax", norm=True, S=64, gated=True),
 }
 PHASES = {"decode": 1, "prefill": 128}
-ELEM_BYTES = {"f32": 4, "bf16": 2, "int8": 1}
+from colibri.quant import DTYPES, stored_bytes
 
 
 @dataclass(frozen=True)
@@ -44,14 +44,15 @@ class Problem:
 
     @property
     def expert_bytes(self) -> int:
-        """Bytes of one routed expert's three matrices in this dtype."""
-        return 3 * self.I * self.H * ELEM_BYTES[self.dtype]
+        """Bytes of one routed expert's three matrices in this dtype, scales included."""
+        return 2 * stored_bytes(self.dtype, self.I, self.H) + stored_bytes(self.dtype, self.H, self.I)
 
     @property
     def decode_bytes(self) -> int:
-        """Weight bytes one decode token streams: k experts plus the shared expert."""
-        return (self.k * self.expert_bytes
-                + 3 * self.S * self.H * ELEM_BYTES[self.dtype] + self.E * self.H * 4)
+        """Weight bytes one decode token streams: k experts, the shared expert, the router."""
+        shared = (2 * stored_bytes(self.dtype, self.S, self.H) + stored_bytes(self.dtype, self.H, self.S)
+                  if self.S else 0)
+        return self.k * self.expert_bytes + shared + self.E * self.H * 4
 
     @property
     def flops(self) -> int:
@@ -67,8 +68,8 @@ def problem(name: str) -> Problem:
         raise ValueError(f"problem {name!r} is not 'shape/phase/dtype'") from None
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
-    if dtype not in ELEM_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(ELEM_BYTES)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
     base = phase.rstrip("0123456789")
     if base not in PHASES:
         raise ValueError(f"unknown phase {phase!r}; known: decode, prefill, prefillN")
