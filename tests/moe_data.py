@@ -73,6 +73,13 @@ def make_case(H, I, E, k, *, S=0, gated=False, scoring="softmax", norm=True, dyn
     return case
 
 
+def rtol_for(dtype, T):
+    """1e-4, except int4 with many tokens (4e-3): there the engine's float32 h and the
+    reference's float64 h can round an element to neighbouring int8 steps (see
+    test_layer.py)."""
+    return 4e-3 if dtype == "int4" and T > 8 else 1e-4
+
+
 def assert_close(out, ref, rtol=1e-4):
     """|out - ref| <= rtol * (|ref| + mean |ref| of its row), elementwise.
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import colibri
-from moe_data import assert_close, make_case
+from moe_data import assert_close, make_case, rtol_for
 from colibri._lib import build_profile
 from tuner import render
 
@@ -45,9 +45,9 @@ def test_corner_builds_and_is_correct(tmp_path, cases, isa, rows, tok_block, unr
     cfg = render.write_config_h(tmp_path / "config.h", knobs, signature="0", profile=profile)
     lib = build_profile(profile, config=cfg, build_dir=tmp_path / "build", quiet=True)
     for case in cases:
-        for dtype in ("f32", "bf16", "int8"):
+        for dtype in ("f32", "bf16", "int8", "int4"):
             L = colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype=dtype,
                                  lib=lib, **case.layer_kwargs())
             for T in (1, 2, 7, 40):  # decode class (<= 2 tokens per expert) and prefill
                 x = case.inputs(T, seed=T)
-                assert_close(L(x), case.reference(x, dtype))
+                assert_close(L(x), case.reference(x, dtype), rtol_for(dtype, T))

@@ -16,14 +16,10 @@ import numpy as np
 import pytest
 
 import colibri
-from moe_data import REFERENCE_SHAPES, assert_close, make_case
+from moe_data import REFERENCE_SHAPES, assert_close, make_case, rtol_for as rtol
 
 DTYPES = ["f32", "bf16", "int8", "int4"]
 
-
-def rtol(dtype, T):
-    """1e-4, except int4 with many tokens: see the module docstring."""
-    return 4e-3 if dtype == "int4" and T > 8 else 1e-4
 
 # awkward shapes: H not a multiple of any vector width, E=60, k=1, k=E, T=1 and T=513
 AWKWARD = {
