@@ -261,7 +261,12 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     const int slots = colibri_route_slots(&L->route);
     const int S = L->has_shared ? L->shared.inter : 0;
 
-    /* one allocation for all scratch of this call */
+    /* one allocation for all scratch of this call; a conservative bound in double first,
+     * so the size_t products below cannot wrap (T * slots * inter reaches 2^63) */
+    const double est = (double)T * ((double)slots * (L->inter + 4.0) + S + E + 8.0) * 4.0 +
+                       (double)(E + 1) * 64.0;
+    if (est > (double)(SIZE_MAX / 2))
+        return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d is too large for this layer's scratch", T);
     size_t n_sel = (size_t)T * slots;
     size_t f_logits = (size_t)T * E, f_w = n_sel, f_tw = n_sel + (size_t)T;
     size_t i_idx = n_sel, i_cnt = (size_t)T, i_tok = n_sel + (size_t)T, i_off = (size_t)E + 1;
@@ -271,7 +276,9 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
                    (size_t)(E + 1) * sizeof(cb_job) + (size_t)T;
     char *scratch = malloc(bytes);
     if (!scratch) return cb_fail(COLIBRI_ERR_NOMEM, "out of memory for %zu bytes of scratch", bytes);
-    float *logits = (float *)scratch;
+    /* the jobs first: malloc's alignment suits them, the arrays after them need less */
+    cb_job *jobs = (cb_job *)(void *)scratch;
+    float *logits = (float *)(void *)(jobs + E + 1);
     float *wsel = logits + f_logits;
     float *tw = wsel + f_w;
     float *hbuf = tw + f_tw;
@@ -280,8 +287,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     int32_t *tok = cnt + i_cnt;
     int32_t *off = tok + i_tok;
     int32_t *fill = off + i_off;
-    cb_job *jobs = (cb_job *)(fill + i_off);
-    unsigned char *bad = (unsigned char *)(jobs + E + 1); /* [T]: token's output row is NaN */
+    unsigned char *bad = (unsigned char *)(fill + i_off); /* [T]: token's output row is NaN */
 
     /* A token with a NaN or Inf activation gets a NaN output row and takes no part in the
      * rest of the call, so it cannot disturb the other tokens (see colibri.h). */
