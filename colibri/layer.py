@@ -72,7 +72,9 @@ class MoELayer:
     `weight_dtype` ("f32", "bf16", "int8") and copied into one arena. Optional shared
     expert: shared_gate/up [S, H], shared_down [H, S], gated by sigmoid(shared_expert_gate . x)
     when shared_expert_gate [H] is given. Calling the layer on float32 x [T, H] returns
-    moe(x) [T, H] (no residual)."""
+    moe(x) [T, H] (no residual). close() (or leaving a `with` block) frees the engine's copy
+    at once; using the layer after it raises ValueError. Calls on one layer from several
+    Python threads run one at a time (close() must not free it under a call)."""
 
     def __init__(self, router, gate, up, down, *, top_k, scoring="softmax", norm_topk_prob=True,
                  shared_gate=None, shared_up=None, shared_down=None, shared_expert_gate=None,

@@ -391,6 +391,8 @@ def test_route_rejects(lib):
         colibri.route(logits, 0)
     with pytest.raises(ValueError):
         colibri.route(np.zeros((6, E), np.float32)[::2], K)
+    with pytest.raises(ColibriError, match="n_experts"):  # above COLIBRI_MAX_EXPERTS: the engine says
+        colibri.route(np.zeros((1, 4097), np.float32), 1)
     idx, w = colibri.route(np.zeros((0, E), np.float32), K)
     assert idx.shape == (0, K) and w.shape == (0, K)
 

@@ -12,6 +12,17 @@ ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20
 
 
+@pytest.fixture
+def plain_lib(lib):
+    """The library, unless it is a sanitizer build: AddressSanitizer keeps freed memory in a
+    quarantine (256 MiB by default), so RSS grows by design there and says nothing of leaks."""
+    from colibri._lib import ffi
+
+    if "-fsanitize=address" in ffi.string(lib.colibri_build_info()).decode():
+        pytest.skip("RSS growth is meaningless under AddressSanitizer (quarantine)")
+    return lib
+
+
 def test_detect_growth_flat_noise_is_not_a_leak():
     base = 100 * MiB
     noise = [0, 40_000, -20_000, 60_000, 0, 10_000, -30_000, 20_000]
@@ -41,21 +52,21 @@ def test_detect_growth_needs_samples_after_warmup():
         soak.detect_growth([(0, 1), (100, 2)], warmup_tokens=100, max_growth_bytes=1)
 
 
-def test_short_soak_does_not_grow(lib):
-    rep = soak.soak(tokens=3000, shape="tiny", threads=1, every=150, warmup=600, churn=2,
+def test_short_soak_does_not_grow(plain_lib):
+    rep = soak.soak(tokens=2000, shape="tiny", threads=1, every=100, warmup=400, churn=2,
                     with_model=True, max_growth_mib=2.0)
     assert rep["ok"], soak.print_report(rep) or rep
     assert rep["outputs_stable"] and rep["growth_bytes"] <= 2 * MiB
-    assert rep["tokens"] >= 3000 and rep["calls"] > 4
+    assert rep["tokens"] >= 2000 and rep["calls"] > 4
     assert rep["layers_created"] == rep["models_loaded"] == 2 * (len(rep["samples"]) - 1)
     assert len(rep["samples"]) >= 18
 
 
 def test_a_leaking_loop_is_caught(lib):
-    """The same run plus 64 KiB kept per call: the detector must flag it."""
+    """The same run plus 128 KiB kept per call (~8 MiB after warm-up): it must be flagged."""
     kept = []
-    rep = soak.soak(tokens=2000, shape="tiny", threads=1, every=150, warmup=300,
-                    max_growth_mib=2.0, step_hook=lambda: kept.append(b"\x01" * 65536))
+    rep = soak.soak(tokens=1500, shape="tiny", threads=1, every=100, warmup=300,
+                    max_growth_mib=2.0, step_hook=lambda: kept.append(b"\x01" * 131072))
     assert rep["leaked"] and not rep["ok"]
     assert rep["growth_bytes"] > 2 * MiB
     assert rep["slope_bytes_per_1k_tokens"] > 0
@@ -66,13 +77,13 @@ def _cli(*args):
                           capture_output=True, text=True, timeout=300)
 
 
-def test_cli_json_and_table(lib):
-    r = _cli("--tokens", "1500", "--every", "150", "--threads", "1", "--json")
+def test_cli_json_and_table(plain_lib):
+    r = _cli("--tokens", "800", "--every", "80", "--threads", "1", "--json")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
-    assert rep["ok"] and rep["shape"] == "tiny" and rep["tokens"] >= 1500
+    assert rep["ok"] and rep["shape"] == "tiny" and rep["tokens"] >= 800
     assert {"tokens", "rss_bytes", "layers_created"} <= set(rep["samples"][0])
-    r = _cli("--tokens", "600", "--every", "150", "--threads", "1", "--dtype", "int8")
+    r = _cli("--tokens", "300", "--every", "60", "--threads", "1", "--dtype", "int8")
     assert r.returncode == 0, r.stderr
     assert "growth after warm-up" in r.stdout and "RSS MiB" in r.stdout
 

@@ -71,6 +71,12 @@ def detect_growth(samples: list[tuple[int, int]], warmup_tokens: int,
             "leaked": bool(growth > max_growth_bytes)}
 
 
+def sample_plan(tokens: int, every: int | None, warmup: int | None) -> tuple[int, int]:
+    """(sample every K tokens, warm-up tokens): defaults 40 samples and a tenth of the run."""
+    every = max(1, tokens // 40) if every is None else every
+    return every, (max(every, tokens // 10) if warmup is None else warmup)
+
+
 def _weights(shape: dict, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     H, I, E, S = shape["H"], shape["I"], shape["E"], shape.get("S", 0)
@@ -113,10 +119,9 @@ def soak(*, tokens: int, shape: str = "tiny", dtype: str = "f32", threads: int |
         raise ValueError(f"churn must be >= 0, got {churn}")
     if model is not None and with_model:
         raise ValueError("give --model FILE or --with-model, not both")
-    every = every or max(1, tokens // 40)
+    every, warmup = sample_plan(tokens, every, warmup)
     if every < 1:
         raise ValueError(f"every must be >= 1, got {every}")
-    warmup = max(every, tokens // 10) if warmup is None else warmup
     if not 0 <= warmup < tokens:
         raise ValueError(f"warm-up ({warmup} tokens) must be in [0, tokens={tokens})")
 
@@ -141,6 +146,10 @@ def soak(*, tokens: int, shape: str = "tiny", dtype: str = "f32", threads: int |
             layer_dict["shared_expert_gate"] = seg
         colibri.save_model(model_path, [layer_dict, layer_dict], weight_dtype=dtype)
 
+    lib = colibri.open_library()
+    if threads:  # the model runs with the library default: make it the same count
+        if lib.colibri_set_num_threads(threads) != 0:
+            raise ValueError(f"threads {threads}: {colibri._lib.last_error(lib)}")
     try:
         layer = new_layer()
         mdl = colibri.Model.load(model_path) if model_path is not None else None
@@ -199,6 +208,8 @@ def soak(*, tokens: int, shape: str = "tiny", dtype: str = "f32", threads: int |
         if mdl is not None:
             mdl.close()
     finally:
+        if threads:
+            lib.colibri_set_num_threads(0)
         if tmp is not None:
             tmp.cleanup()
 
@@ -216,23 +227,34 @@ def _mib(b: float) -> str:
     return f"{b / 2**20:9.2f}"
 
 
-def print_report(rep: dict, file=sys.stdout) -> None:
-    print(f"soak: {rep['shape']} {rep['dtype']}, {rep['tokens']} tokens in {rep['calls']} calls "
-          f"(T cycling {rep['t_cycle']}), {rep['layers_created']} layers created/freed, "
-          f"{rep['models_loaded']} model loads, {rep['seconds']:.1f} s", file=file)
-    base = rep["baseline_bytes"]
-    print(f"{'tokens':>10} {'calls':>8} {'RSS MiB':>9} {'vs base':>9}  {'layers':>6} {'models':>6}",
-          file=file)
-    for s in rep["samples"]:
-        mark = " (warm-up)" if s["tokens"] < rep["warmup_tokens"] else ""
-        print(f"{s['tokens']:>10} {s['calls']:>8} {_mib(s['rss_bytes'])} "
-              f"{_mib(s['rss_bytes'] - base)}  {s['layers_created']:>6} {s['models_loaded']:>6}"
-              f"{mark}", file=file)
+def _header(rep_or_args: dict) -> str:
+    return f"{'tokens':>10} {'calls':>8} {'RSS MiB':>9} {'vs start':>9}  {'layers':>6} {'models':>6}"
+
+
+def _row(s: dict, start: int, warmup_tokens: int) -> str:
+    mark = "  (warm-up)" if s["tokens"] < warmup_tokens else ""
+    return (f"{s['tokens']:>10} {s['calls']:>8} {_mib(s['rss_bytes'])} "
+            f"{_mib(s['rss_bytes'] - start)}  {s['layers_created']:>6} {s['models_loaded']:>6}{mark}")
+
+
+def _summary(rep: dict) -> str:
     verdict = "OK" if rep["ok"] else "FAIL"
-    print(f"growth after warm-up: {rep['growth_bytes'] / 2**20:+.2f} MiB "
-          f"(threshold {rep['max_growth_bytes'] / 2**20:.2f} MiB), slope "
-          f"{rep['slope_bytes_per_1k_tokens'] / 1024:+.2f} KiB per 1k tokens; probe output "
-          f"{'stable' if rep['outputs_stable'] else 'CHANGED'}: {verdict}", file=file)
+    return (f"soak: {rep['shape']} {rep['dtype']}, {rep['tokens']} tokens in {rep['calls']} calls "
+            f"(T cycling {rep['t_cycle']}), {rep['layers_created']} layers created/freed, "
+            f"{rep['models_loaded']} model loads, {rep['seconds']:.1f} s\n"
+            f"growth after warm-up: {rep['growth_bytes'] / 2**20:+.2f} MiB "
+            f"(threshold {rep['max_growth_bytes'] / 2**20:.2f} MiB), slope "
+            f"{rep['slope_bytes_per_1k_tokens'] / 1024:+.2f} KiB per 1k tokens; probe output "
+            f"{'stable' if rep['outputs_stable'] else 'CHANGED'}: {verdict}")
+
+
+def print_report(rep: dict, file=sys.stdout) -> None:
+    """The table of samples and the verdict (what the CLI prints, live, without --json)."""
+    print(_header(rep), file=file)
+    start = rep["samples"][0]["rss_bytes"]
+    for s in rep["samples"]:
+        print(_row(s, start, rep["warmup_tokens"]), file=file)
+    print(_summary(rep), file=file)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,10 +291,20 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv)
     except SystemExit as exc:
         return EXIT_USAGE if exc.code else EXIT_OK
+    start: list[int] = []
+
+    def live(sample: dict) -> None:  # a row as each sample is taken: soaks run for hours
+        if not start:
+            start.append(sample["rss_bytes"])
+            print(_header({}))
+        print(_row(sample, start[0], warmup_tokens), flush=True)
+
+    warmup_tokens = sample_plan(args.tokens, args.every, args.warmup)[1]
     try:
         rep = soak(tokens=args.tokens, shape=args.shape, dtype=args.dtype, threads=args.threads,
                    every=args.every, warmup=args.warmup, churn=args.churn, model=args.model,
-                   with_model=args.with_model, max_growth_mib=args.max_growth_mib, seed=args.seed)
+                   with_model=args.with_model, max_growth_mib=args.max_growth_mib, seed=args.seed,
+                   progress=None if args.json else live)
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"tuner soak: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -287,5 +319,5 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(rep, sys.stdout, indent=1)
         print()
     else:
-        print_report(rep)
+        print(_summary(rep))
     return EXIT_OK if rep["ok"] else EXIT_GROWTH
