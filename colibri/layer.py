@@ -1,24 +1,34 @@
 """MoELayer and route(): the engine's layer and router from Python."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from . import quant
-from ._checks import f32_array, positive_int
+from ._checks import MAX_THREADS, f32_array, positive_int, unit_float
 from ._lib import check, ffi, open_library
 
 SCORINGS = {"softmax": 0, "softmax_topk": 1}
+_INT_MAX = 2**31 - 1
+
+
+def _nonzero_dims(**dims):
+    for name, v in dims.items():
+        if v < 1:
+            raise ValueError(f"{name} (from the weights' shapes) must be >= 1, got {v}")
 PAGE_KINDS = {0: "normal", 1: "thp", 2: "hugetlb", 3: "file"}
 
 
 def _route_config(n_experts, top_k, scoring, norm_topk_prob, dyn_p, k_min, k_max):
-    if scoring not in SCORINGS:
+    if not isinstance(scoring, str) or scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {sorted(SCORINGS)}, got {scoring!r}")
     top_k = positive_int("top_k", top_k)
-    if dyn_p and dyn_p > 0:
+    dyn_p = unit_float("dyn_p", 0.0 if dyn_p is None else dyn_p)
+    if dyn_p > 0:
         k_max = top_k if k_max is None else positive_int("k_max", k_max)
         k_min = positive_int("k_min", k_min)
-        if not 0 < dyn_p <= 1 or not 1 <= k_min <= k_max <= n_experts:
+        if not 1 <= k_min <= k_max <= n_experts:
             raise ValueError(f"dynamic routing needs 0 < dyn_p <= 1 and 1 <= k_min <= k_max <= "
                              f"n_experts ({n_experts}); got dyn_p={dyn_p}, k_min={k_min}, k_max={k_max}")
     elif top_k > n_experts:
@@ -37,9 +47,13 @@ def route(logits, top_k, *, scoring="softmax", norm_topk_prob=True, dyn_p=0.0, k
           k_max=None, lib=None):
     """Route float32 logits [T, E] -> (indices int32 [T, slots], weights float32 [T, slots]).
 
-    slots = top_k, or k_max in dynamic mode (unused slots: index -1, weight 0)."""
+    slots = top_k, or k_max in dynamic mode (unused slots: index -1, weight 0). NaN logits
+    are never chosen (a row of only NaN gets no expert); +Inf logits share the mass."""
     logits = f32_array("logits", logits, (None, None))
     T, E = logits.shape
+    if E == 0:
+        raise ValueError("logits must have at least one expert column, got shape "
+                         f"{list(logits.shape)}")
     cfg = _route_config(E, top_k, scoring, norm_topk_prob, dyn_p, k_min, k_max)
     lib = open_library(lib)
     slots = lib.colibri_route_slots(cfg)
@@ -58,7 +72,9 @@ class MoELayer:
     `weight_dtype` ("f32", "bf16", "int8", "int4") and copied into one arena. Optional shared
     expert: shared_gate/up [S, H], shared_down [H, S], gated by sigmoid(shared_expert_gate . x)
     when shared_expert_gate [H] is given. Calling the layer on float32 x [T, H] returns
-    moe(x) [T, H] (no residual)."""
+    moe(x) [T, H] (no residual). close() (or leaving a `with` block) frees the engine's copy
+    at once; using the layer after it raises ValueError. Calls on one layer from several
+    Python threads run one at a time (close() must not free it under a call)."""
 
     def __init__(self, router, gate, up, down, *, top_k, scoring="softmax", norm_topk_prob=True,
                  shared_gate=None, shared_up=None, shared_down=None, shared_expert_gate=None,
@@ -70,6 +86,7 @@ class MoELayer:
         E, H = router.shape
         gate = f32_array("gate", gate, (E, None, H))
         I = gate.shape[1]
+        _nonzero_dims(E=E, H=H, I=I)
         up = f32_array("up", up, (E, I, H))
         down = f32_array("down", down, (E, H, I))
         shared = [shared_gate, shared_up, shared_down]
@@ -104,8 +121,20 @@ class MoELayer:
         router = f32_array("router", router, (None, None))
         E, H = router.shape
         want = quant.STORED_DTYPES[weight_dtype]
+        if not isinstance(encoded, dict) or any(n not in encoded for n in ("gate", "up", "down")):
+            raise ValueError("encoded must be a dict with at least 'gate', 'up' and 'down'")
+        for n, v in encoded.items():
+            if not (isinstance(v, tuple) and len(v) == 2):
+                raise TypeError(f"encoded[{n!r}] must be a (stored array, scales or None) pair")
+            if not isinstance(v[0], np.ndarray):
+                raise TypeError(f"{n} must be a numpy.ndarray, got {type(v[0]).__name__}")
+        if encoded["gate"][0].ndim != 3:
+            raise ValueError(f"gate must be 3-D [E, I, H], got shape {list(encoded['gate'][0].shape)}")
         I = encoded["gate"][0].shape[1]
+        if "shared_gate" in encoded and encoded["shared_gate"][0].ndim != 2:
+            raise ValueError("shared_gate must be 2-D [S, H]")
         S = encoded["shared_gate"][0].shape[0] if "shared_gate" in encoded else 0
+        _nonzero_dims(E=E, H=H, I=I)
         shapes = {"gate": (E, I, H), "up": (E, I, H), "down": (E, H, I), "shared_gate": (S, H),
                   "shared_up": (S, H), "shared_down": (H, S)}
         for n, (stored, scales) in encoded.items():
@@ -134,7 +163,15 @@ class MoELayer:
         E, H = router.shape
         I = encoded["gate"][0].shape[1]
         S = encoded["shared_gate"][0].shape[0] if "shared_gate" in encoded else 0
-        self.threads = 0 if threads is None else positive_int("threads", threads)
+        self._ptr = None  # until the engine holds the layer: close() and __del__ are safe
+        self._lock = threading.Lock()
+        self.threads = 0 if threads is None else positive_int("threads", threads,
+                                                               maximum=MAX_THREADS)
+        if numa_node is not None and (isinstance(numa_node, bool)
+                                      or not isinstance(numa_node, (int, np.integer))):
+            raise TypeError(f"numa_node must be an int or None, got {type(numa_node).__name__}")
+        if numa_node is not None and not 0 <= numa_node < 1024:
+            raise ValueError(f"numa_node must be in [0, 1024) or None, got {numa_node}")
         self.hidden, self.inter, self.n_experts, self.shared_inter = H, I, E, S
         self.top_k, self.weight_dtype = top_k, weight_dtype
         self._lib = lib = open_library(lib)
@@ -157,26 +194,55 @@ class MoELayer:
             check(lib, 1, "colibri_layer_create")
         self._ptr = ffi.gc(ptr, lib.colibri_layer_free)
 
+    def _live(self):
+        if self._ptr is None:
+            raise ValueError("the layer is closed")
+        return self._ptr
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
     @property
     def page_kind(self) -> str:
-        return PAGE_KINDS.get(self._lib.colibri_layer_page_kind(self._ptr), "unknown")
+        return PAGE_KINDS.get(self._lib.colibri_layer_page_kind(self._live()), "unknown")
 
     @property
     def weight_bytes(self) -> int:
-        return int(self._lib.colibri_layer_weight_bytes(self._ptr))
+        return int(self._lib.colibri_layer_weight_bytes(self._live()))
 
     def __call__(self, x, out=None):
+        """moe(x) for float32 x [T, H]. A token (row) holding NaN or Inf gets a NaN row; the
+        other rows are unaffected."""
         x = f32_array("x", x, (None, self.hidden))
         if out is None:
             out = np.empty_like(x)
         else:
-            out = f32_array("out", out, x.shape)
+            out = f32_array("out", out, x.shape, writeable=True)
             if np.shares_memory(x, out):
                 raise ValueError("out must not overlap x")
         T = x.shape[0]
-        if T == 0:
-            return out
-        check(self._lib, self._lib.colibri_layer_forward(
-            self._ptr, ffi.from_buffer("float[]", x), ffi.from_buffer("float[]", out), T,
-            self.threads), "colibri_layer_forward")
+        if T > _INT_MAX:
+            raise ValueError(f"T = {T} tokens is more than the engine takes ({_INT_MAX})")
+        with self._lock:  # close() must not free the layer under a running call
+            ptr = self._live()
+            if T == 0:
+                return out
+            check(self._lib, self._lib.colibri_layer_forward(
+                ptr, ffi.from_buffer("float[]", x),
+                ffi.from_buffer("float[]", out, require_writable=True), T, self.threads),
+                "colibri_layer_forward")
         return out
+
+    # ---- lifetime: the engine's copy of the weights goes at close() (or garbage collection)
+    def close(self) -> None:
+        with self._lock:
+            ptr, self._ptr = self._ptr, None
+            if ptr is not None:
+                ffi.release(ptr)  # runs colibri_layer_free now, once
+
+    def __enter__(self) -> "MoELayer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

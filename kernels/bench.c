@@ -17,10 +17,19 @@ int colibri_bench_layer(colibri_layer *layer, const float *inputs, int n_inputs,
                         float *out, int n_threads, int warmup, double min_seconds,
                         int max_samples, double *samples, int *n_samples) {
     cb_clear_error();
+    if (n_samples) *n_samples = 0; /* nothing timed until the loop ends */
     if (!layer || !inputs || !out || !samples || !n_samples)
-        return cb_fail(COLIBRI_ERR_INVALID, "bench: NULL argument");
+        return cb_fail(COLIBRI_ERR_INVALID,
+                       "colibri_bench_layer: layer, inputs, out, samples and n_samples must not be NULL");
     if (n_inputs < 1 || n_tokens < 1 || max_samples < 1 || warmup < 0)
-        return cb_fail(COLIBRI_ERR_INVALID, "bench: n_inputs, n_tokens, max_samples must be >= 1");
+        return cb_fail(COLIBRI_ERR_INVALID,
+                       "colibri_bench_layer: n_inputs, n_tokens, max_samples must be >= 1 and warmup "
+                       ">= 0, got %d, %d, %d, %d", n_inputs, n_tokens, max_samples, warmup);
+    if (n_threads < 0 || n_threads > COLIBRI_MAX_THREADS)
+        return cb_fail(COLIBRI_ERR_INVALID, "colibri_bench_layer: n_threads %d out of range [0, %d]",
+                       n_threads, COLIBRI_MAX_THREADS);
+    if (min_seconds != min_seconds)
+        return cb_fail(COLIBRI_ERR_INVALID, "colibri_bench_layer: min_seconds is NaN");
     const size_t stride = (size_t)n_tokens * (size_t)layer->hidden;
     int next = 0, st;
     for (int i = 0; i < warmup; ++i) {

@@ -5,6 +5,23 @@
  * NULL) and a thread-local message readable with colibri_last_error(). No
  * function aborts or exits the process on bad input.
  *
+ * Bad input (tests/test_capi.py and tests/test_api_errors.py check each case):
+ *  - A NULL pointer argument is COLIBRI_ERR_INVALID (NULL from constructors) with a
+ *    message naming it. Getters given NULL return their sentinel (0 or -1) and set the
+ *    message. The free functions accept NULL (no-op). Exceptions, by design: `counts`
+ *    of colibri_route and `shared_expert_gate` of a layer may be NULL, and with
+ *    n_tokens == 0 colibri_route / colibri_layer_forward read no array at all.
+ *  - Counts out of range (negative tokens, top_k < 1 or > n_experts, k_min > k_max, a
+ *    dtype or scoring code that does not exist, dims above the limits) are
+ *    COLIBRI_ERR_INVALID. n_tokens == 0 is a successful no-op, except for colibri_infer,
+ *    whose seq_len must be >= 1.
+ *  - Thread counts: 0 means the library default; < 0 or > COLIBRI_MAX_THREADS is
+ *    COLIBRI_ERR_INVALID (OpenMP would abort the process on a count it cannot create).
+ *  - Array lengths cannot be checked in C: every array must hold the elements its
+ *    comment states. Using a handle after its free function is undefined in C; the
+ *    Python binding raises instead.
+ *  - NaN and Inf: see colibri_route and colibri_layer_forward.
+ *
  * The block between CFFI-BEGIN and CFFI-END holds plain declarations only (no
  * preprocessor lines): the Python binding feeds it to cffi verbatim.
  */
@@ -21,6 +38,7 @@ extern "C" {
 #define COLIBRI_FORMAT_MAGIC 0xCAFE1234u
 #define COLIBRI_FORMAT_VERSION 1u
 #define COLIBRI_MAX_EXPERTS 4096
+#define COLIBRI_MAX_THREADS 1024
 
 /* CFFI-BEGIN */
 typedef enum {
@@ -65,7 +83,8 @@ const char *colibri_version(void);
 /* JSON object describing the build: profile, kernel ISA, knob values, flags. */
 const char *colibri_build_info(void);
 
-/* Default thread count for colibri_infer (0 = one per online CPU). */
+/* Default thread count for colibri_infer and n_threads 0 (0 = one per online CPU);
+ * < 0 or > COLIBRI_MAX_THREADS: COLIBRI_ERR_INVALID, the default is kept. */
 int colibri_set_num_threads(int n_threads);
 int colibri_get_num_threads(void);
 
@@ -90,12 +109,16 @@ typedef struct {
     int k_max;
 } colibri_route_config;
 
-/* Slots per token in the index/weight arrays: k_max in dynamic mode, else top_k. */
+/* Slots per token in the index/weight arrays: k_max in dynamic mode, else top_k
+ * (0 with a message for a NULL cfg). */
 int colibri_route_slots(const colibri_route_config *cfg);
 
 /* logits [n_tokens, n_experts] -> indices/weights [n_tokens, slots], counts [n_tokens].
  * Chosen experts are in descending weight order (ties: lower index first);
- * unused slots hold index -1 and weight 0. counts may be NULL. */
+ * unused slots hold index -1 and weight 0. counts may be NULL.
+ * NaN logits are never chosen; a token whose logits are all NaN gets count 0 (every
+ * slot -1 / 0). +Inf logits share the whole mass equally, -Inf ones get weight 0:
+ * weights are always finite, in [0, 1]. */
 int colibri_route(const float *logits, int n_tokens, int n_experts,
                   const colibri_route_config *cfg,
                   int32_t *indices, float *weights, int32_t *counts);
@@ -130,7 +153,11 @@ typedef struct colibri_layer colibri_layer;
 
 /* Copies the weights into one arena (experts contiguous). */
 colibri_layer *colibri_layer_create(const colibri_layer_desc *desc);
-/* y[T,H] = moe(x[T,H]) (no residual). n_threads 0 = library default. x and y must not overlap. */
+/* y[T,H] = moe(x[T,H]) (no residual). n_threads 0 = library default. x and y must not
+ * overlap (COLIBRI_ERR_INVALID). A token whose row of x holds a NaN or an Inf, or whose
+ * router logits are all NaN (finite x whose products overflow), gets a row of NaN in y
+ * and takes no part in routing or the shared expert: the other tokens' outputs are the
+ * same as without it. */
 int colibri_layer_forward(colibri_layer *layer, const float *x, float *y,
                           int n_tokens, int n_threads);
 /* Arena facts: page kind (colibri_page_kind) and bytes of weights held. */
@@ -143,12 +170,15 @@ typedef struct colibri_model colibri_model;
 /* Maps the file read-only and validates it; NULL with a message naming the
  * field and byte offset on any defect. */
 colibri_model *colibri_load_model(const char *path);
-/* Each layer in order: h = h + moe(h). input/output [seq_len, hidden]; they may alias. */
+/* Each layer in order: h = h + moe(h). input/output [seq_len, hidden]; they may alias.
+ * seq_len must be >= 1. A token with NaN/Inf in input ends as a NaN row (see forward). */
 int colibri_infer(colibri_model *model, const float *input, float *output, int seq_len);
 void colibri_free_model(colibri_model *model);
 int colibri_model_n_layers(const colibri_model *model);
 int colibri_model_hidden(const colibri_model *model);
-/* Borrowed pointer to layer i, valid until colibri_free_model. */
+/* Borrowed pointer to layer i, valid until colibri_free_model (colibri_layer_free
+ * ignores it). NULL for a NULL model or an index outside [0, n_layers). The two getters
+ * above return -1 for a NULL model. */
 colibri_layer *colibri_model_layer(colibri_model *model, int index);
 
 /* ---- timing (for the tuner and benchmarks) ---- */

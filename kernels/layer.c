@@ -20,9 +20,19 @@
 
 static int cb_default_threads = 0;
 
+/* Shared by every entry point that takes a thread count: OpenMP aborts the process when it
+ * cannot create the threads asked for, so an absurd count must be refused before that. */
+static int check_threads(const char *who, int n_threads) {
+    if (n_threads < 0 || n_threads > COLIBRI_MAX_THREADS)
+        return cb_fail(COLIBRI_ERR_INVALID, "%s: n_threads %d out of range [0, %d] (0 = default)",
+                       who, n_threads, COLIBRI_MAX_THREADS);
+    return COLIBRI_OK;
+}
+
 int colibri_set_num_threads(int n_threads) {
     cb_clear_error();
-    if (n_threads < 0) return cb_fail(COLIBRI_ERR_INVALID, "n_threads %d < 0", n_threads);
+    int st = check_threads("colibri_set_num_threads", n_threads);
+    if (st) return st;
     cb_default_threads = n_threads;
     return COLIBRI_OK;
 }
@@ -181,8 +191,18 @@ void colibri_layer_free(colibri_layer *L) {
     free(L);
 }
 
-int colibri_layer_page_kind(const colibri_layer *L) { return L ? L->page_kind : -1; }
-size_t colibri_layer_weight_bytes(const colibri_layer *L) { return L ? L->weight_bytes : 0; }
+int colibri_layer_page_kind(const colibri_layer *L) {
+    if (!L) return cb_fail(COLIBRI_ERR_INVALID, "colibri_layer_page_kind: layer is NULL"), -1;
+    return L->page_kind;
+}
+
+size_t colibri_layer_weight_bytes(const colibri_layer *L) {
+    if (!L) {
+        cb_fail(COLIBRI_ERR_INVALID, "colibri_layer_weight_bytes: layer is NULL");
+        return 0;
+    }
+    return L->weight_bytes;
+}
 
 /* --------------------------------------------------------------- forward */
 
@@ -236,7 +256,8 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     if (T < 0) return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d < 0", T);
     if (T == 0) return COLIBRI_OK;
     if (!x || !y) return cb_fail(COLIBRI_ERR_INVALID, "x and y must not be NULL");
-    if (n_threads < 0) return cb_fail(COLIBRI_ERR_INVALID, "n_threads %d < 0", n_threads);
+    int st = check_threads("colibri_layer_forward", n_threads);
+    if (st) return st;
     const int H = L->hidden, E = L->n_experts;
     if ((size_t)T > (SIZE_MAX / sizeof(float)) / (size_t)(H > E ? H : E))
         return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d is too large", T);
@@ -246,7 +267,12 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     const int slots = colibri_route_slots(&L->route);
     const int S = L->has_shared ? L->shared.inter : 0;
 
-    /* one allocation for all scratch of this call */
+    /* one allocation for all scratch of this call; a conservative bound in double first,
+     * so the size_t products below cannot wrap (T * slots * inter reaches 2^63) */
+    const double est = (double)T * ((double)slots * (L->inter + 4.0) + S + E + 8.0) * 4.0 +
+                       (double)(E + 1) * 64.0;
+    if (est > (double)(SIZE_MAX / 2))
+        return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d is too large for this layer's scratch", T);
     size_t n_sel = (size_t)T * slots;
     size_t f_logits = (size_t)T * E, f_w = n_sel, f_tw = n_sel + (size_t)T;
     size_t i_idx = n_sel, i_cnt = (size_t)T, i_tok = n_sel + (size_t)T, i_off = (size_t)E + 1;
@@ -257,14 +283,16 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     const size_t wsb = (cbk_workspace_bytes(L->dtype, max_cols, T) + 63) / 64 * 64;
     size_t bytes = (f_logits + f_w + f_tw + h_floats) * sizeof(float) +
                    (i_idx + i_cnt + i_tok + 2 * i_off) * sizeof(int32_t) +
-                   (size_t)(E + 1) * sizeof(cb_job);
+                   (size_t)(E + 1) * sizeof(cb_job) + (size_t)T;
     const size_t ws_off = (bytes + 63) / 64 * 64;
     if (wsb && (size_t)nt > (SIZE_MAX - ws_off - 64) / wsb)
         return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d: kernel workspace too large", T);
     bytes = ws_off + (size_t)nt * wsb + 64;
     char *scratch = malloc(bytes);
     if (!scratch) return cb_fail(COLIBRI_ERR_NOMEM, "out of memory for %zu bytes of scratch", bytes);
-    float *logits = (float *)scratch;
+    /* the jobs first: malloc's alignment suits them, the arrays after them need less */
+    cb_job *jobs = (cb_job *)(void *)scratch;
+    float *logits = (float *)(void *)(jobs + E + 1);
     float *wsel = logits + f_logits;
     float *tw = wsel + f_w;
     float *hbuf = tw + f_tw;
@@ -273,9 +301,20 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     int32_t *tok = cnt + i_cnt;
     int32_t *off = tok + i_tok;
     int32_t *fill = off + i_off;
-    cb_job *jobs = (cb_job *)(fill + i_off);
     /* malloc aligns to 16: round the workspace base up to 64 */
     char *wsbase = (char *)(((uintptr_t)scratch + ws_off + 63) / 64 * 64);
+    unsigned char *bad = (unsigned char *)(fill + i_off); /* [T]: token's output row is NaN */
+
+    /* A token with a NaN or Inf activation gets a NaN output row and takes no part in the
+     * rest of the call, so it cannot disturb the other tokens (see colibri.h). */
+    int nbad = 0;
+    for (int t = 0; t < T; ++t) {
+        const float *xt = x + (size_t)t * H;
+        int k = 0;
+        while (k < H && isfinite(xt[k])) ++k;
+        bad[t] = k < H;
+        nbad += bad[t];
+    }
 
     /* router logits: logits[t, e] = router[e] . x[t], split by experts */
     memset(logits, 0, f_logits * sizeof(float));
@@ -287,10 +326,17 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
         split_range(E, omp_get_num_threads(), omp_get_thread_num(), 1, &lo, &hi);
         if (lo < hi) cbk_rows_acc(COLIBRI_F32, &rmat, x, H, T, tw, tok, lo, hi, logits, E, NULL);
     }
-    int st = colibri_route(logits, T, E, &L->route, isel, wsel, cnt);
+    st = colibri_route(logits, T, E, &L->route, isel, wsel, cnt);
     if (st) {
         free(scratch);
         return st;
+    }
+    /* Drop the bad tokens' selections; a token whose logits were all NaN (finite x whose
+     * dot products overflowed) chose nothing and is bad too. */
+    for (int t = 0; t < T; ++t) {
+        if (!bad[t] && cnt[t] > 0) continue;
+        if (!bad[t]) bad[t] = 1, ++nbad;
+        for (int s = 0; s < slots; ++s) isel[(size_t)t * slots + s] = -1;
     }
 
     /* group (token, weight) pairs by expert: counting sort keeps token order */
@@ -316,9 +362,12 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
         jobs[njobs++] = (cb_job){&L->experts[e], tok + T + off[e], etw + off[e], n, h};
         h += (size_t)n * L->experts[e].inter;
     }
-    if (S) {
-        /* shared expert: every token, weighted by sigmoid(w . x) or 1 */
+    if (S && nbad < T) {
+        /* shared expert: every good token, weighted by sigmoid(w . x) or 1; tok[0..n) and
+         * tw[0..n) are free again once the router ran */
+        int n = 0;
         for (int t = 0; t < T; ++t) {
+            if (bad[t]) continue;
             float g = 1.0f;
             if (L->shared_expert_gate) {
                 double z = 0.0;
@@ -326,9 +375,10 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
                 for (int k = 0; k < H; ++k) z += (double)L->shared_expert_gate[k] * xt[k];
                 g = (float)(1.0 / (1.0 + exp(-z)));
             }
-            tw[t] = g;
+            tok[n] = t;
+            tw[n++] = g;
         }
-        jobs[njobs++] = (cb_job){&L->shared, tok, tw, T, h};
+        jobs[njobs++] = (cb_job){&L->shared, tok, tw, n, h};
     }
 
 #pragma omp parallel num_threads(nt)
@@ -344,6 +394,9 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
             cbk_rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter, jobs[j].ntok,
                          jobs[j].tw, jobs[j].tok, c0, c1, y, H, ws);
     }
+    for (int t = 0; t < T && nbad; ++t)
+        if (bad[t])
+            for (int c = 0; c < H; ++c) y[(size_t)t * H + c] = NAN;
     free(scratch);
     return COLIBRI_OK;
 }

@@ -105,8 +105,12 @@ int colibri_membw_run(int kind, size_t bytes, int n_threads, double min_seconds,
     memset(out, 0, sizeof *out);
     if (kind != COLIBRI_MEMBW_READ && kind != COLIBRI_MEMBW_TRIAD)
         return cb_fail(COLIBRI_ERR_INVALID, "membw: kind %d is neither 0 (read) nor 1 (triad)", kind);
-    if (n_threads < 0 || n_threads > 65536)
-        return cb_fail(COLIBRI_ERR_INVALID, "membw: n_threads %d out of range (0 = default)", n_threads);
+    if (n_threads < 0 || n_threads > COLIBRI_MAX_THREADS)
+        return cb_fail(COLIBRI_ERR_INVALID, "membw: n_threads %d out of range [0, %d] (0 = default)",
+                       n_threads, COLIBRI_MAX_THREADS);
+    /* Rounding each array up to pages and staggering them must not wrap size_t. */
+    if (bytes > SIZE_MAX / 4)
+        return cb_fail(COLIBRI_ERR_INVALID, "membw: %zu bytes is too large", bytes);
     if (!(min_seconds >= 0.0 && min_seconds <= 3600.0))
         return cb_fail(COLIBRI_ERR_INVALID, "membw: min_seconds must be in [0, 3600]");
     if (n_threads == 0) n_threads = omp_get_max_threads();

@@ -37,7 +37,10 @@ static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 static int bind_to_node(void *addr, size_t len, int node) {
 #ifdef SYS_mbind
     unsigned long mask[16];
-    if (node < 0 || node >= (int)(sizeof mask * 8)) return -1;
+    if (node < 0 || node >= (int)(sizeof mask * 8)) {
+        errno = EINVAL; /* a node the mask cannot name */
+        return -1;
+    }
     memset(mask, 0, sizeof mask);
     mask[node / (8 * sizeof(unsigned long))] |= 1ul << (node % (8 * sizeof(unsigned long)));
     return (int)syscall(SYS_mbind, addr, len, CB_MPOL_BIND, mask, sizeof mask * 8, 0);
@@ -125,10 +128,26 @@ void *colibri_pool_alloc(colibri_pool *pool, size_t bytes, size_t align) {
     return pool->base + start;
 }
 
-size_t colibri_pool_used(const colibri_pool *pool) { return pool ? pool->used : 0; }
-size_t colibri_pool_capacity(const colibri_pool *pool) { return pool ? pool->capacity : 0; }
-int colibri_pool_page_kind(const colibri_pool *pool) { return pool ? pool->page_kind : -1; }
-int colibri_pool_numa_node(const colibri_pool *pool) { return pool ? pool->numa_node : -1; }
+/* The getters return 0 or -1 for a NULL pool, with a message. */
+size_t colibri_pool_used(const colibri_pool *pool) {
+    if (!pool) return cb_fail(COLIBRI_ERR_INVALID, "colibri_pool_used: pool is NULL"), 0;
+    return pool->used;
+}
+
+size_t colibri_pool_capacity(const colibri_pool *pool) {
+    if (!pool) return cb_fail(COLIBRI_ERR_INVALID, "colibri_pool_capacity: pool is NULL"), 0;
+    return pool->capacity;
+}
+
+int colibri_pool_page_kind(const colibri_pool *pool) {
+    if (!pool) return cb_fail(COLIBRI_ERR_INVALID, "colibri_pool_page_kind: pool is NULL"), -1;
+    return pool->page_kind;
+}
+
+int colibri_pool_numa_node(const colibri_pool *pool) {
+    if (!pool) return cb_fail(COLIBRI_ERR_INVALID, "colibri_pool_numa_node: pool is NULL"), -1;
+    return pool->numa_node;
+}
 
 void colibri_pool_free(colibri_pool *pool) {
     if (!pool) return;

@@ -1,14 +1,17 @@
 /* route.c — expert routing: scores, top-k or dynamic-count selection, weights.
  *
  * Ties are broken toward the lower expert index (a scan in index order that only
- * a strictly larger score displaces). NaN logits are never chosen over a number. */
+ * a strictly larger score displaces). NaN logits are never chosen; a row of
+ * only NaN gets no expert (count 0). Infinite logits give finite weights: the
+ * +Inf experts share the mass equally (and -Inf ones get 0), as the softmax's
+ * limit does, instead of the NaN that exp(inf - inf) would give. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "internal.h"
 
 int colibri_route_slots(const colibri_route_config *cfg) {
-    if (!cfg) return 0;
+    if (!cfg) return cb_fail(COLIBRI_ERR_INVALID, "colibri_route_slots: route config is NULL"), 0;
     return cfg->dyn_p > 0.0f ? cfg->k_max : cfg->top_k;
 }
 
@@ -32,6 +35,11 @@ int cb_route_config_check(const colibri_route_config *cfg, int n_experts) {
                        n_experts);
     }
     return COLIBRI_OK;
+}
+
+/* exp(v - mx) where v <= mx, with equal infinities counted as a difference of 0. */
+static double exp_shifted(float v, float mx) {
+    return v == mx ? 1.0 : exp((double)v - (double)mx);
 }
 
 /* Keeps the m largest logits of row in descending order (idx, val). */
@@ -72,10 +80,10 @@ static void route_one(const float *row, int E, const colibri_route_config *cfg, 
         /* probabilities over all experts: exp(v - max) / sum */
         double z = 0.0;
         for (int e = 0; e < E; ++e)
-            if (!isnan(row[e])) z += exp((double)row[e] - (double)mx);
+            if (!isnan(row[e])) z += exp_shifted(row[e], mx);
         double cum = 0.0;
         for (int s = 0; s < have; ++s) {
-            w[s] = (float)(exp((double)val[s] - (double)mx) / z);
+            w[s] = (float)(exp_shifted(val[s], mx) / z);
             cum += w[s];
             if (cfg->dyn_p > 0.0f && s + 1 >= cfg->k_min && cum >= (double)cfg->dyn_p) {
                 n = s + 1;
@@ -84,7 +92,7 @@ static void route_one(const float *row, int E, const colibri_route_config *cfg, 
         }
         if (cfg->dyn_p > 0.0f && cfg->scoring == COLIBRI_SCORING_SOFTMAX_TOPK) renorm = 1;
     } else {
-        for (int s = 0; s < have; ++s) w[s] = (float)exp((double)val[s] - (double)mx);
+        for (int s = 0; s < have; ++s) w[s] = (float)exp_shifted(val[s], mx);
     }
     for (int s = n; s < slots; ++s) {
         idx[s] = -1;

@@ -1,6 +1,6 @@
 """python -m tuner: probe the host, tune the kernels, emit config.h + libcolibri.so.
 
-Commands: probe, profiles, run, replay, bench. `python -m tuner COMMAND --help` for each.
+Commands: probe, profiles, run, replay, bench, soak. `python -m tuner COMMAND --help` for each.
 Exit status: 0 success; 1 the command failed (message on stderr); 2 usage error;
 3 the results store is locked by another run.
 """
@@ -100,11 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bench", help="the MoE layer side by side with NumPy and PyTorch, with the "
                    "read bandwidth (python -m tuner bench --help)")
 
+    sub.add_parser("soak", help="run a layer over N tokens, creating and freeing layers, and "
+                   "report resident memory over time (python -m tuner soak --help)")
+
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["replay"]:
         from . import replay
 
         return replay.main(argv[1:])
+    if argv[:1] == ["soak"]:
+        from . import soak
+
+        return soak.main(argv[1:])
     if argv[:1] == ["bench"]:
         from . import bench
 
