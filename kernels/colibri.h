@@ -28,7 +28,8 @@ typedef enum {
     COLIBRI_ERR_INVALID = 1, /* a bad argument: NULL, wrong size, out of range */
     COLIBRI_ERR_NOMEM = 2,   /* allocation or mapping failed */
     COLIBRI_ERR_FORMAT = 3,  /* malformed model file */
-    COLIBRI_ERR_IO = 4       /* open/stat/mmap of a file failed */
+    COLIBRI_ERR_IO = 4,      /* open/stat/mmap of a file failed */
+    COLIBRI_ERR_CORRUPT = 5  /* guarded mode: a kernel wrote outside its buffer */
 } colibri_status;
 
 typedef enum {
@@ -64,6 +65,10 @@ const char *colibri_build_info(void);
 /* Default thread count for colibri_infer (0 = one per online CPU). */
 int colibri_set_num_threads(int n_threads);
 int colibri_get_num_threads(void);
+/* Guarded mode (for checking generated kernels, not for production): every layer call
+ * surrounds each expert's scratch with canaries and fails with COLIBRI_ERR_CORRUPT if a
+ * kernel overwrote one. Process-wide; returns the previous setting. */
+int colibri_set_guards(int on);
 
 /* ---- memory pool: one page-aligned arena, bump-allocated ---- */
 typedef struct colibri_pool colibri_pool;
