@@ -2,6 +2,7 @@
 a run killed mid-way and resumed, a re-run that measures nothing, emit."""
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -22,15 +23,24 @@ FAULTS = {
     "compile": "this is not C;",
     "crash": "{ volatile int *p = 0; *p = 1; }",
     "hang": "{ volatile int spin = 1; while (spin) {} }",
+    # allocates and touches 16 KiB per call, never frees it (the pointer escapes through a
+    # volatile, or the compiler removes the allocation)
+    "leak": "{ static void *volatile sink; char *p = malloc(16384); if (p) memset(p, 1, 16384); sink = p; }",
+    # correct but slow: a busy loop per call (a deterministic loser for the kill test)
+    "slow": "{ for (volatile long i = 0; i < 200000; ++i) {} }",
 }
 # after the kernel has written its output: a wrong answer, not a crash
 WRONG = "    if (ntok > 0 && r1 > r0) Hout[r0] += 1.0f;\n"
+# one float past the expert's scratch block (the rows end at ldh)
+OOB_SCRATCH = "    if (ntok > 0 && r1 == ldh) Hout[(size_t)(ntok - 1) * ldh + r1] = 1.0f;\n"
+# one float past the output row of the last token (at T=1: past the output)
+OOB_OUT = "    if (ntok > 0 && r1 == ldy) Y[(size_t)tok[ntok - 1] * ldy + r1] = 1.0f;\n"
+ALL_FAULTS = ["none", *FAULTS, "wrong", "oob_scratch", "oob_out"]
 
 
-@pytest.fixture
-def broken_templates(tmp_path, monkeypatch):
-    """A copy of templates/ whose expert_ffn has a `fault` knob (deliberately broken variants)."""
-    d = tmp_path / "templates"
+def make_broken_templates(d: Path) -> Path:
+    """A copy of templates/ at d whose expert_ffn has a `fault` knob (deliberately broken
+    variants)."""
     shutil.copytree(ROOT / "templates", d)
     src = (d / "expert_ffn.c.j2").read_text()
     marker = "void cbk_gateup(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, int ldx,\n                const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh) {\n"
@@ -38,12 +48,23 @@ def broken_templates(tmp_path, monkeypatch):
     inject = "".join(f'{{% if fault == "{k}" %}}    {v}\n{{% endif %}}' for k, v in FAULTS.items())
     end = "    case COLIBRI_INT8: (dec ? gateup_i8_dec : gateup_i8_pre)(gate, up, X, ldx, tok, ntok, r0, r1, Hout, ldh); break;\n    }\n"
     assert end in src
-    src = src.replace(end, end + '{% if fault == "wrong" %}' + WRONG + "{% endif %}")
+    src = src.replace(end, end + '{% if fault == "wrong" %}' + WRONG + "{% endif %}"
+                      + '{% if fault == "oob_scratch" %}' + OOB_SCRATCH + "{% endif %}")
+    end_acc = "    case COLIBRI_INT8: (dec ? rows_acc_i8_dec : rows_acc_i8_pre)(m, Hin, ldh, ntok, tw, tok, r0, r1, Y, ldy); break;\n    }\n"
+    assert end_acc in src
+    src = src.replace(end_acc, end_acc + '{% if fault == "oob_out" %}' + OOB_OUT + "{% endif %}")
+    src = src.replace("#include <string.h>\n", "#include <stdlib.h>\n#include <string.h>\n", 1)
     (d / "expert_ffn.c.j2").write_text(src.replace(marker, marker + inject))
     knobs = (d / "expert_ffn.knobs.yaml").read_text().replace(
-        "constraints:", "  fault:\n    values: [none, compile, crash, hang, wrong]\n"
+        "constraints:", f"  fault:\n    values: [{', '.join(ALL_FAULTS)}]\n"
         "    default: none\n    doc: test-only fault injection\nconstraints:")
     (d / "expert_ffn.knobs.yaml").write_text(knobs)
+    return d
+
+
+@pytest.fixture
+def broken_templates(tmp_path, monkeypatch):
+    d = make_broken_templates(tmp_path / "templates")
     monkeypatch.setenv("COLIBRI_TEMPLATES_DIR", str(d))
     return d
 
@@ -65,7 +86,8 @@ cfg = RunConfig(profile="generic", problems={PROBLEMS!r}, strategy="exhaustive",
                 build_dir=Path({str(tmp_path / 'build')!r}),
                 space_overrides={{"isa": ["portable"], "rows": [1, 2], "tok_block": [1],
                                   "unroll": [2], "prefetch": [0],
-                                  "fault": ["none", "compile", "crash", "hang", "wrong"]}})
+                                  "fault": ["none", "compile", "crash", "hang", "wrong",
+                                            "oob_scratch", "oob_out", "leak"]}})
 s = run(cfg, host={FAKE_HOST!r})
 json.dump(s, sys.stdout, default=str)
 """
@@ -86,8 +108,19 @@ json.dump(s, sys.stdout, default=str)
     assert by_fault["crash"] == {"crash"}
     assert by_fault["hang"] == {"timeout"}
     assert by_fault["wrong"] == {"wrong"}
+    assert by_fault["oob_scratch"] == by_fault["oob_out"] == {"wrong"}
+    assert by_fault["leak"] == {"leak"}
     reasons = [r for (r,) in con.execute("select reason from measurements where status='compile_error'")]
     assert any("error" in r for r in reasons), reasons
+    why = {json.loads(k)["fault"]: r for k, r in con.execute("select knobs, reason from measurements")}
+    assert why["oob_scratch"].startswith("out-of-bounds write: a kernel wrote past the scratch of "), why
+    assert why["oob_out"].startswith("out-of-bounds write: a kernel wrote 1 float(s) past the output"), why
+    assert why["wrong"].startswith("max relative error"), why
+    assert re.match(r"leaks \d+\.\d+ MB per 1000 calls", why["leak"]), why
+    # 16 KiB per kernel call, a few kernel calls per layer call
+    assert float(why["leak"].split()[1]) > 10, why
+    print(f"faults injected {len(by_fault) - 1}, all recorded: "
+          + "; ".join(f"{f}: {why.get(f, 'ok')[:70]}" for f in sorted(by_fault)))
     emitted = Path(s["emitted"]["dir"])
     assert (emitted / "config.h").exists() and (emitted / "libcolibri.so").exists()
     assert "COLIBRI_KNOB_FAULT none" in (emitted / "config.h").read_text()
