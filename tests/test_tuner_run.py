@@ -198,6 +198,8 @@ def _space_args(faults) -> list[str]:
 
 
 def _full_rows(store):
+    if not Path(store).exists():  # killed before the run created it
+        return {}
     con = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
     try:
         return {r[0]: tuple(r) for r in con.execute("select * from measurements")}
