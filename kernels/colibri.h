@@ -46,7 +46,8 @@ typedef enum {
     COLIBRI_ERR_INVALID = 1, /* a bad argument: NULL, wrong size, out of range */
     COLIBRI_ERR_NOMEM = 2,   /* allocation or mapping failed */
     COLIBRI_ERR_FORMAT = 3,  /* malformed model file */
-    COLIBRI_ERR_IO = 4       /* open/stat/mmap of a file failed */
+    COLIBRI_ERR_IO = 4,      /* open/stat/mmap of a file failed */
+    COLIBRI_ERR_CORRUPT = 5  /* guarded mode: a kernel wrote outside its buffer */
 } colibri_status;
 
 typedef enum {
@@ -87,6 +88,10 @@ const char *colibri_build_info(void);
  * < 0 or > COLIBRI_MAX_THREADS: COLIBRI_ERR_INVALID, the default is kept. */
 int colibri_set_num_threads(int n_threads);
 int colibri_get_num_threads(void);
+/* Guarded mode (for checking generated kernels, not for production): every layer call
+ * surrounds each expert's scratch with canaries and fails with COLIBRI_ERR_CORRUPT if a
+ * kernel overwrote one. Process-wide; returns the previous setting. */
+int colibri_set_guards(int on);
 
 /* ---- memory pool: one page-aligned arena, bump-allocated ---- */
 typedef struct colibri_pool colibri_pool;

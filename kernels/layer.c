@@ -9,6 +9,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,6 +36,32 @@ int colibri_set_num_threads(int n_threads) {
     if (st) return st;
     cb_default_threads = n_threads;
     return COLIBRI_OK;
+}
+
+/* Guarded mode: a gap of canary floats (a NaN bit pattern no kernel computes) before the
+ * first expert's h block and after every one, checked after the call. */
+#define CB_GUARD_FLOATS 16
+#define CB_CANARY 0x7fc0deadu
+static int cb_guards = 0;
+
+int colibri_set_guards(int on) {
+    int was = cb_guards;
+    cb_guards = on != 0;
+    return was;
+}
+
+static void guard_fill(float *p) {
+    const uint32_t c = CB_CANARY;
+    for (int i = 0; i < CB_GUARD_FLOATS; ++i) memcpy(p + i, &c, sizeof c);
+}
+
+static int guard_intact(const float *p) {
+    for (int i = 0; i < CB_GUARD_FLOATS; ++i) {
+        uint32_t v;
+        memcpy(&v, p + i, sizeof v);
+        if (v != CB_CANARY) return 0;
+    }
+    return 1;
 }
 
 int colibri_get_num_threads(void) {
@@ -276,7 +303,9 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     size_t n_sel = (size_t)T * slots;
     size_t f_logits = (size_t)T * E, f_w = n_sel, f_tw = n_sel + (size_t)T;
     size_t i_idx = n_sel, i_cnt = (size_t)T, i_tok = n_sel + (size_t)T, i_off = (size_t)E + 1;
-    size_t h_floats = n_sel * (size_t)L->inter + (size_t)T * S;
+    const int guards = cb_guards;
+    size_t h_floats = n_sel * (size_t)L->inter + (size_t)T * S +
+                      (guards ? (size_t)(E + 2) * CB_GUARD_FLOATS : 0);
     /* per-thread kernel workspace (int4: the quantized activations), 64-aligned */
     int max_cols = H > L->inter ? H : L->inter;
     if (S > max_cols) max_cols = S;
@@ -356,11 +385,13 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
         }
     int njobs = 0;
     float *h = hbuf;
+    if (guards) guard_fill(h), h += CB_GUARD_FLOATS;
     for (int e = 0; e < E; ++e) {
         int n = off[e + 1] - off[e];
         if (!n) continue;
         jobs[njobs++] = (cb_job){&L->experts[e], tok + T + off[e], etw + off[e], n, h};
         h += (size_t)n * L->experts[e].inter;
+        if (guards) guard_fill(h), h += CB_GUARD_FLOATS;
     }
     if (S && nbad < T) {
         /* shared expert: every good token, weighted by sigmoid(w . x) or 1; tok[0..n) and
@@ -379,6 +410,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
             tw[n++] = g;
         }
         jobs[njobs++] = (cb_job){&L->shared, tok, tw, n, h};
+        if (guards) guard_fill(h + (size_t)n * S);
     }
 
 #pragma omp parallel num_threads(nt)
@@ -393,6 +425,20 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
         for (int j = 0; j < njobs && c0 < c1; ++j)
             cbk_rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter, jobs[j].ntok,
                          jobs[j].tw, jobs[j].tok, c0, c1, y, H, ws);
+    }
+    if (guards) {
+        int hit = guard_intact(hbuf) ? -2 : -1;
+        for (int j = 0; j < njobs && hit == -2; ++j)
+            if (!guard_intact(jobs[j].h + (size_t)jobs[j].ntok * jobs[j].ex->inter)) hit = j;
+        if (hit != -2) {
+            char who[64] = "before the scratch of the first expert";
+            if (hit >= 0 && jobs[hit].ex == &L->shared)
+                snprintf(who, sizeof who, "past the scratch of the shared expert");
+            else if (hit >= 0)
+                snprintf(who, sizeof who, "past the scratch of expert %d", (int)(jobs[hit].ex - L->experts));
+            free(scratch);
+            return cb_fail(COLIBRI_ERR_CORRUPT, "out-of-bounds write: a kernel wrote %s", who);
+        }
     }
     for (int t = 0; t < T && nbad; ++t)
         if (bad[t])

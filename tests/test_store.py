@@ -291,3 +291,43 @@ def test_a_reader_reads_while_another_process_writes(tmp_path):
     assert proc.wait() == 0
     assert counts == sorted(counts) and counts[-1] == 150
     assert len(set(counts)) > 2, "the reader should have seen the store grow"
+
+
+def test_a_store_made_before_the_leak_status_opens_and_takes_leak_rows(tmp_path):
+    """The recorded fixture predates "leak": its CHECK refuses it until a writer widens it."""
+    import shutil
+
+    old = tmp_path / "old.sqlite"
+    shutil.copy(ROOT / "tests/fixtures/stores/expert_ffn-emr-vm.sqlite", old)
+    raw = sqlite3.connect(old)
+    before = raw.execute("SELECT * FROM measurements ORDER BY rowid").fetchall()
+    assert "'leak'" not in raw.execute("SELECT sql FROM sqlite_master WHERE name='measurements'").fetchone()[0]
+    raw.close()
+    with Store(old, readonly=True) as ro:  # a reader neither needs nor makes the change
+        assert len(ro) == len(before)
+    leak = meas(7, status="leak", reason="leaks 3.1 MB per 1000 calls")
+    with Store(old) as st:
+        st.put(leak)
+        assert st.get(leak.key) == leak
+        assert st.integrity_check() == "ok"
+        assert len(st.query(status="leak")) == 1
+    raw = sqlite3.connect(old)
+    after = raw.execute("SELECT * FROM measurements WHERE key != ? ORDER BY rowid", (leak.key,)).fetchall()
+    assert after == before
+    assert [r[0] for r in raw.execute("SELECT version FROM schema_version")] == [SCHEMA_VERSION]
+    assert raw.execute("SELECT name FROM sqlite_master WHERE name='measurements_by_problem'").fetchone()
+    raw.close()
+
+
+def test_snapshot_is_written_aside_and_linked_into_place(tmp_path):
+    with Store(tmp_path / "s.sqlite") as st:
+        st.put(meas(1))
+        out = tmp_path / "snap"
+        out.mkdir()
+        st.snapshot(out / "a.sqlite")
+        assert [p.name for p in out.iterdir()] == ["a.sqlite"]  # no temp file left behind
+        with pytest.raises(StoreError, match="does not overwrite"):
+            st.snapshot(out / "a.sqlite")
+        assert [p.name for p in out.iterdir()] == ["a.sqlite"]
+    with Store(out / "a.sqlite", readonly=True) as snap:
+        assert snap.get(meas(1).key) == meas(1) and snap.integrity_check() == "ok"

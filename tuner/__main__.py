@@ -22,7 +22,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfg = RunConfig(profile=args.profile, problems=probs, strategy=args.strategy,
                     max_evals=args.max_evals, budget_s=args.budget, quick=args.quick,
                     threads=args.threads, min_seconds=args.min_seconds, seed=args.seed,
-                    emit=not args.no_emit, measure_bandwidth=not args.no_bandwidth)
+                    emit=not args.no_emit, measure_bandwidth=not args.no_bandwidth,
+                    wait=False if args.wait is None else args.wait)
     if args.quick:
         cfg.min_seconds = min(cfg.min_seconds, 0.3)
         cfg.retime_rounds = 3
@@ -42,7 +43,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         summary = run(cfg)
     except StoreLocked as exc:
-        print(f"tuner run: {exc}", file=sys.stderr)
+        how = ("waited the time given with --wait" if args.wait is not None else
+               "run with --wait to queue behind it (--wait SECONDS: at most that long)")
+        print(f"tuner run: {exc.holder_text()}; {how}", file=sys.stderr)
         return 3
     if args.json:
         json.dump(summary, sys.stdout, indent=1, default=str)
@@ -50,6 +53,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         print_summary(summary)
     return 0 if summary.get("winner") else 1
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"seconds must be finite and >= 0, got {text!r}")
+    return v
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-bandwidth", action="store_true",
                    help="skip the bandwidth probe (no %% of bandwidth in the summary)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--wait", nargs="?", type=_seconds, const=True, metavar="SECONDS",
+                   help="when another run holds the results store, wait for it (at most "
+                   "SECONDS when given) instead of exiting with status 3")
     p.set_defaults(func=_cmd_run)
 
     # replay has its own parser (tuner/replay.py); listed here for --help

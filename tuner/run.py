@@ -24,7 +24,7 @@ from . import problems as problems_mod
 from . import profiles, render, variants, weights, worker
 from .signature import signature, variant_id
 from .space import Space
-from .store import Measurement, Store
+from .store import Measurement, Store, StoreLocked
 
 KERNEL = "expert_ffn"
 
@@ -70,6 +70,8 @@ class RunConfig:
     start_points: tuple[dict, ...] = ()  # seeds for the search (e.g. from a registry)
     log: object = None                   # callable(str) for progress; default stderr
     measure_bandwidth: bool = True       # probe the read bandwidth (for "% of bandwidth")
+    wait: bool | float = False           # store locked by another run: False refuse, True
+                                         # wait, a number wait at most that many seconds
 
 
 class Tuner:
@@ -97,8 +99,9 @@ class Tuner:
         self.problems = self.all_problems  # the class being tuned (set by run())
         self.work = Path(cfg.build_dir) / "tuner"
         self.store_path = Path(cfg.store_path or self.work / f"results-{self.host_id}.sqlite")
-        self.store = Store(self.store_path, exclusive=True)
+        self.store = _open_store(self.store_path, cfg.wait, self.say)
         self.measured = 0      # variants measured in this run (not from the store)
+        self.load_checked = False
         self.from_store = 0
 
     # ------------------------------------------------------------- identity
@@ -174,6 +177,12 @@ class Tuner:
         return self.cost(rows)
 
     def run_worker(self, lib: Path, vid: str, min_seconds: float):
+        if not self.load_checked:  # once, when timing starts
+            self.load_checked = True
+            warning = load_warning(os.getloadavg()[0], os.cpu_count() or 1,
+                                   self.cfg.threads or os.cpu_count() or 1)
+            if warning:
+                self.say(warning)
         job = {"lib": str(lib), "problems": [{"name": p.name} for p in self.problems],
                "weights_dir": str(self.work / "weights"), "seed": self.cfg.seed,
                "threads": self.cfg.threads, "min_seconds": min_seconds}
@@ -208,6 +217,33 @@ class Tuner:
         n = str(self.cfg.threads or os.cpu_count())
         v = read.get(n) or read.get(int(n)) if read else None
         return float(v) if v else None
+
+
+def _open_store(path: Path, wait: bool | float, say) -> Store:
+    """The store with its writer lock: refuse at once (StoreLocked), or say who holds it
+    and wait for it (at most `wait` seconds when a number)."""
+    try:
+        return Store(path, exclusive=True)
+    except StoreLocked as exc:
+        if wait is False or wait is None:
+            raise
+        say(f"{exc.holder_text()}; waiting for it"
+            + (f" (at most {float(wait):g} s)" if wait is not True else "") + " ...")
+        t0 = time.monotonic()
+        st = Store(path, exclusive=True, wait=wait)
+        say(f"results store lock acquired after {time.monotonic() - t0:.1f} s")
+        return st
+
+
+def load_warning(load: float, cpus: int, threads: int) -> str | None:
+    """A warning when other work (the 1-minute load average) exceeds the cores the timing
+    leaves free: the timed threads then share cores and the timings are noisy."""
+    free = max(0, cpus - threads)
+    if load <= free + 0.5:  # half a busy core: background noise of any machine
+        return None
+    return (f"warning: load average {load:.2f} exceeds the {free} core(s) left free by timing "
+            f"at {threads} thread(s) on {cpus} CPU(s): timings at {threads} threads will be "
+            f"noisy (stop other work, or pass --threads to leave cores free)")
 
 
 def _fmt_row(r: Measurement, p) -> str:

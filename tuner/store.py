@@ -39,6 +39,7 @@ import json
 import math
 import os
 import sqlite3
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -48,7 +49,8 @@ from typing import Iterable, Iterator, Mapping
 from .signature import canonical_json, variant_id
 
 SCHEMA_VERSION = 1
-STATUSES = ("ok", "compile_error", "crash", "timeout", "wrong", "error")
+# "leak" came later: stores made before it are widened when opened for writing
+STATUSES = ("ok", "compile_error", "crash", "timeout", "wrong", "error", "leak")
 BUSY_TIMEOUT_MS = 60_000
 
 
@@ -59,13 +61,21 @@ class StoreError(RuntimeError):
 class StoreLocked(StoreError):
     """Another process holds the exclusive writer lock of this store."""
 
+    def __init__(self, message: str, holder: str = ""):
+        super().__init__(message)
+        self.holder = holder  # "results store X is being written by ... (pid N)"
+
+    def holder_text(self) -> str:
+        return self.holder or str(self)
+
 
 @dataclass(frozen=True)
 class Measurement:
     """One measured (or failed) variant of one kernel on one problem.
 
     key: the signature (tuner.signature.signature) of everything the result depends on.
-    status: "ok" or why there is no time: compile_error | crash | timeout | wrong | error.
+    status: "ok" or why the variant is unusable: compile_error | crash | timeout | wrong |
+    error | leak (timed, but its memory grows per call).
     reason: the compiler message / signal / mismatch ("" for ok).
     median_s, spread: median seconds per call and relative IQR ((q3 - q1) / median).
     gbps, bw_fraction: weight bytes streamed per second, and that over the host's
@@ -192,10 +202,10 @@ class _WriterLock:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                     raise
             if time.monotonic() >= deadline:
-                holder = self._holder()
-                raise StoreLocked(
-                    f"results store {self.db_path} is being written by another tuner process{holder} (lock {self.path}); "
-                    f"wait for it to finish, or open with wait=True to queue behind it")
+                who = (f"results store {self.db_path} is being written by another tuner "
+                       f"process{self._holder()} (lock {self.path})")
+                raise StoreLocked(f"{who}; wait for it to finish, or open with wait=True to "
+                                  f"queue behind it", who)
             time.sleep(0.05)
 
     def _holder(self) -> str:
@@ -265,9 +275,30 @@ class Store:
                             db.execute(stmt)
                     if db.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == 0:
                         db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+                    self._widen_statuses(db)
             self._check_schema(db, str(self.path))
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path} is not a usable results store: {exc}") from None
+
+    @staticmethod
+    def _widen_statuses(db: sqlite3.Connection) -> None:
+        """A store made before a status existed has a CHECK that refuses it: rebuild the
+        table with today's CHECK (inside the caller's transaction, so a kill leaves
+        either the old table or the new one). The columns are unchanged, so the schema
+        version stays and older tuners still read the store."""
+        sql = db.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = "
+                         "'measurements'").fetchone()[0]
+        if all(f"'{s}'" in sql for s in STATUSES):
+            return
+        cols = ", ".join(_COLUMNS)
+        db.execute("ALTER TABLE measurements RENAME TO measurements_old")
+        db.execute("DROP INDEX IF EXISTS measurements_by_problem")
+        for stmt in _SCHEMA.split(";"):
+            if "measurements" in stmt:
+                db.execute(stmt)
+        db.execute(f"INSERT INTO measurements ({cols}) SELECT {cols} FROM measurements_old "
+                   f"ORDER BY rowid")
+        db.execute("DROP TABLE measurements_old")
 
     @staticmethod
     def _check_schema(db: sqlite3.Connection, where: str, schema: str = "main") -> None:
@@ -365,19 +396,32 @@ class Store:
         return added
 
     def snapshot(self, dest: str | os.PathLike) -> Path:
-        """A consistent single-file copy (rollback journal, no -wal beside it): for fixtures."""
+        """A consistent single-file copy (rollback journal, no -wal beside it): for fixtures.
+        Written under a temp name and linked into place, so `dest` is never half a file."""
         dest = Path(dest)
         if dest.exists():
             raise StoreError(f"{dest} exists; snapshot() does not overwrite")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with self._lock:
-            out = sqlite3.connect(str(dest), isolation_level=None)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            with self._lock:
+                out = sqlite3.connect(tmp, isolation_level=None)
+                try:
+                    self._conn().backup(out)
+                    out.execute("PRAGMA journal_mode = DELETE")
+                    out.execute("VACUUM")
+                finally:
+                    out.close()
+            os.chmod(tmp, 0o644)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
             try:
-                self._conn().backup(out)
-                out.execute("PRAGMA journal_mode = DELETE")
-                out.execute("VACUUM")
-            finally:
-                out.close()
+                os.link(tmp, dest)  # unlike rename, refuses to replace a file made meanwhile
+            except FileExistsError:
+                raise StoreError(f"{dest} exists; snapshot() does not overwrite") from None
+        finally:
+            os.unlink(tmp)
         return dest
 
     # ------------------------------------------------------------ reading

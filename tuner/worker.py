@@ -9,6 +9,7 @@ Child side: `main()`.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import resource
@@ -18,8 +19,19 @@ import sys
 import time
 from dataclasses import dataclass
 
-STATUS_OK, STATUS_WRONG, STATUS_CRASH, STATUS_TIMEOUT, STATUS_ERROR = (
-    "ok", "wrong", "crash", "timeout", "error")
+STATUS_OK, STATUS_WRONG, STATUS_CRASH, STATUS_TIMEOUT, STATUS_ERROR, STATUS_LEAK = (
+    "ok", "wrong", "crash", "timeout", "error", "leak")
+
+# Canary floats on each side of the output of a verification call (one page's worth):
+# a kernel that writes past its output is caught here, past its scratch by the engine's
+# guarded mode (colibri_set_guards).
+OUT_CANARY_FLOATS = 1024
+_CANARY = 0x7FC0BEEF  # a NaN bit pattern: no kernel computes it
+# A variant whose heap or resident memory grows by more than this over the timing loop
+# (after warm-up) leaks; both floors keep one-off allocations from counting.
+LEAK_MB_PER_1000_CALLS = 0.25
+LEAK_MIN_HEAP_BYTES = 256 << 10
+LEAK_MIN_RSS_BYTES = 2 << 20
 
 
 @dataclass(frozen=True)
@@ -115,7 +127,15 @@ def _run_problem(lib, pd: dict, job: dict) -> None:
     x = reference.inputs_with_margin(router, 1, seed=1, **route)
     ref = reference.moe_layer(x, router, *(quant.PerExpert(f32[n], p.dtype)
                                            for n in ("gate", "up", "down")), **route, **shared)
-    checks = [(f"{p.shape} T=1", layer(x), ref)] + _small_checks(job["lib"], p)
+    guards = _set_guards(lib, True)
+    try:
+        checks = [(f"{p.shape} T=1", _guarded_call(layer, x, f"{p.shape} T=1"), ref)]
+        checks += _small_checks(job["lib"], p)
+    except OutOfBounds as exc:
+        _emit(problem=p.name, status=STATUS_WRONG, reason=str(exc))
+        return
+    finally:
+        _set_guards(lib, guards)
     worst = 0.0
     for what, out, ref in checks:
         if not np.all(np.isfinite(out)):
@@ -136,15 +156,26 @@ def _run_problem(lib, pd: dict, job: dict) -> None:
     max_samples = job.get("max_samples", 2000)
     samples = np.empty(max_samples, np.float64)
     n = ffi.new("int *")
-    st = lib.colibri_bench_layer(layer._ptr, ffi.from_buffer("float[]", xs), n_inputs, p.T,
-                                 ffi.from_buffer("float[]", out), layer.threads,
-                                 job.get("warmup", 3), job.get("min_seconds", 0.5), max_samples,
-                                 ffi.from_buffer("double[]", samples), n)
+    warmup = job.get("warmup", 3)
+
+    def bench(warm, seconds, most):
+        return lib.colibri_bench_layer(layer._ptr, ffi.from_buffer("float[]", xs), n_inputs, p.T,
+                                       ffi.from_buffer("float[]", out), layer.threads, warm,
+                                       seconds, most, ffi.from_buffer("double[]", samples), n)
+
+    # a short warm-up first, so that memory sampled around the timing loop only grows
+    # if the variant leaks; the loop's own warm-up calls count as calls
+    st = bench(warmup, 0.0, 1)
+    mem0 = _memory()
+    st = st or bench(warmup, job.get("min_seconds", 0.5), max_samples)
+    mem1 = _memory()
     if st:
         from colibri._lib import last_error
         _emit(problem=p.name, status=STATUS_ERROR, reason=f"bench failed: {last_error(lib)}")
         return
-    _emit(problem=p.name, status=STATUS_OK, samples=samples[:n[0]].tolist(), max_rel_err=worst)
+    leak = leak_reason(mem0, mem1, warmup + n[0])
+    _emit(problem=p.name, status=STATUS_LEAK if leak else STATUS_OK, reason=leak or "",
+          samples=samples[:n[0]].tolist(), max_rel_err=worst)
 
 
 def _small_checks(lib_path: str, p) -> list[tuple[str, object, object]]:
@@ -170,8 +201,84 @@ def _small_checks(lib_path: str, p) -> list[tuple[str, object, object]]:
         x = reference.inputs_with_margin(router, T, seed=T, **route)
         ref = reference.moe_layer(x, router, *(quant.PerExpert(a, p.dtype) for a in (gate, up, down)),
                                   **route, **rt)
-        out.append((f"small ragged layer T={T}", layer(x), ref))
+        what = f"small ragged layer T={T}"
+        out.append((what, _guarded_call(layer, x, what), ref))
     return out
+
+
+class OutOfBounds(Exception):
+    """A verification call wrote outside its output or scratch."""
+
+
+def _set_guards(lib, on: bool) -> bool:
+    """The engine's guarded mode on or off; returns the previous setting (False when the
+    library predates it)."""
+    fn = getattr(lib, "colibri_set_guards", None)
+    return bool(fn(1 if on else 0)) if fn is not None else False
+
+
+def _guarded_call(layer, x, what: str):
+    """layer(x) into an output with canaries on both sides; OutOfBounds if the kernel wrote
+    past its output, or (guarded mode) past its scratch."""
+    import numpy as np
+
+    from colibri._lib import ColibriError
+
+    n, g = x.shape[0] * x.shape[1], OUT_CANARY_FLOATS
+    raw = np.full(n + 2 * g, _CANARY, np.uint32)
+    out = raw.view(np.float32)[g:g + n].reshape(x.shape)
+    try:
+        layer(x, out=out)
+    except ColibriError as exc:
+        if "out-of-bounds write" in str(exc):
+            raise OutOfBounds(f"{str(exc).split(': ', 1)[-1]} ({what})") from None
+        raise
+    before = int(np.count_nonzero(raw[:g] != _CANARY))
+    after = int(np.count_nonzero(raw[g + n:] != _CANARY))
+    if before or after:
+        where = " and ".join(f"{c} float(s) {side} the output" for c, side in
+                             ((after, "past"), (before, "before")) if c)
+        raise OutOfBounds(f"out-of-bounds write: a kernel wrote {where} ({what})")
+    return out.copy()
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                 "uordblks", "fordblks", "keepcost")]
+
+
+def _memory() -> tuple[int | None, int]:
+    """(heap bytes in use per glibc's mallinfo2, or None elsewhere; resident bytes)."""
+    heap = None
+    try:
+        f = ctypes.CDLL(None).mallinfo2
+        f.restype = _MallInfo2
+        m = f()
+        heap = int(m.uordblks + m.hblkhd)
+    except (AttributeError, OSError):
+        pass
+    with open("/proc/self/statm") as fh:
+        rss = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return heap, rss
+
+
+def leak_reason(before: tuple, after: tuple, calls: int) -> str | None:
+    """"leaks N MB per 1000 calls ..." when memory grew beyond the thresholds, else None."""
+    (h0, r0), (h1, r1) = before, after
+    found = []
+    if h0 is not None and h1 is not None and h1 - h0 >= LEAK_MIN_HEAP_BYTES:
+        found.append(("heap", h1 - h0))
+    if r1 - r0 >= LEAK_MIN_RSS_BYTES:
+        found.append(("resident memory", r1 - r0))
+    if not found or calls <= 0:
+        return None
+    what, grew = max(found, key=lambda f: f[1])
+    per_1000 = grew / calls * 1000 / 1e6
+    if per_1000 < LEAK_MB_PER_1000_CALLS:
+        return None
+    return (f"leaks {per_1000:.2f} MB per 1000 calls ({what} grew {grew / 1e6:.1f} MB "
+            f"over {calls} calls after warm-up)")
 
 
 def main() -> int:
