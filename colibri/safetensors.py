@@ -188,10 +188,7 @@ class SafetensorsFile:
         if t.dtype not in FLOAT_DTYPES:
             raise SafetensorsError(f"{self.path}: tensor {name!r} has dtype {t.dtype}; only "
                                    f"{', '.join(FLOAT_DTYPES)} convert to float32")
-        a = self.raw(name)
-        if t.dtype == "BF16":
-            return quant.from_bf16(a)
-        return a.astype(np.float32, copy=False)  # no copy for F32 on a little-endian host
+        return raw_to_float32(self.raw(name), t.dtype)
 
     def close(self) -> None:
         mm, self._mm = getattr(self, "_mm", None), None
@@ -210,6 +207,16 @@ class SafetensorsFile:
 
     def __repr__(self) -> str:
         return f"SafetensorsFile({str(self.path)!r}, {len(self.tensors)} tensors)"
+
+
+def raw_to_float32(a: np.ndarray, dtype: str) -> np.ndarray:
+    """Stored elements (SafetensorsFile.raw, or a slice of it) of a float dtype -> float32.
+    F32 on a little-endian host comes back as the same view, uncopied."""
+    if dtype == "BF16":
+        return quant.from_bf16(a)
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"dtype {dtype} does not convert to float32")
+    return a.astype(np.float32, copy=False)
 
 
 def save_safetensors(path, tensors: Mapping[str, np.ndarray], *,
