@@ -580,7 +580,9 @@ def convert(sources: Sequence[str | Path], out: str | Path, *, arch: str | None 
         pl = plan(ck, ARCHS[arch], cfg, layers)
         wdt = weight_dtype or default_weight_dtype(pl.source_dtype)
         I = pl.dims["I"]
-        with ModelWriter(out, weight_dtype=wdt) as writer:
+        # expect=: payloads go straight into the output, a large model is written once
+        with ModelWriter(out, weight_dtype=wdt,
+                         expect=(len(pl.layers), pl.dims["E"])) as writer:
             for i, lp in enumerate(pl.layers):
                 d = load_layer(ck, lp, I)
                 d.update(pl.route)

@@ -313,10 +313,16 @@ class ModelWriter:
     Payloads go to a temporary file beside `path`; close() writes the header and
     tables and moves the file into place atomically; an exception inside the `with`
     (or abort()) leaves nothing behind. share=True stores identical tensors once.
+
+    expect=(n_layers, n_experts), when the caller knows them, reserves room for the
+    largest tables those allow, so payloads are written straight into the output
+    instead of being copied there at the end (a large model is written once, not
+    twice); the unused part of the reservation stays zero, which FORMAT.md allows.
     """
 
     def __init__(self, path, *, weight_dtype: str = "f32", alignment: int = 64,
-                 share: bool = True, _remember_sources: bool = False):
+                 share: bool = True, expect: tuple[int, int] | None = None,
+                 _remember_sources: bool = False):
         if weight_dtype not in quant.DTYPE_CODES:
             raise ValueError(f"weight_dtype must be one of {list(quant.DTYPE_CODES)}, "
                              f"got {weight_dtype!r}")
@@ -337,7 +343,21 @@ class ModelWriter:
         self._by_hash: dict[tuple, int] = {}
         self._by_source: dict[tuple, int] = {}
         self._keep_alive: list = []
-        self._blob = tempfile.TemporaryFile(dir=self._dir)
+        self._expect = None
+        self._tmp: str | None = None
+        self._base = 0  # where payload offset 0 lies in self._blob
+        if expect is not None:
+            n_layers = _int_field("expect n_layers", expect[0], 1, MAX_LAYERS)
+            n_experts = _int_field("expect n_experts", expect[1], 1, MAX_EXPERTS)
+            self._expect = (n_layers, n_experts)
+            n_slots = n_layers * slots_per_layer(n_experts)
+            table_end = _align(HEADER_BYTES + 4 * n_slots, 8) + TENSOR_ENTRY_BYTES * n_slots
+            self._base = _align(table_end, alignment)
+            fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp",
+                                             dir=self._dir)
+            self._blob = os.fdopen(fd, "w+b")
+        else:
+            self._blob = tempfile.TemporaryFile(dir=self._dir)
         self._blob_end = 0
         self.info: dict[str, Any] | None = None
 
@@ -350,7 +370,12 @@ class ModelWriter:
         self._live()
         if len(self._slots) >= MAX_LAYERS:
             raise ValueError(f"a model holds at most {MAX_LAYERS} layers")
+        if self._expect and len(self._slots) >= self._expect[0]:
+            raise ValueError(f"ModelWriter expected {self._expect[0]} layers; this is one more")
         arr, cfg = _check_layer(len(self._slots), layer)
+        if self._expect and cfg["n_experts"] != self._expect[1]:
+            raise ValueError(f"layers[{len(self._slots)}] has {cfg['n_experts']} experts, but "
+                             f"ModelWriter expected {self._expect[1]}")
         self._check_config(len(self._slots), cfg)
         self._add_checked(layer, arr, cfg)
 
@@ -378,7 +403,7 @@ class ModelWriter:
             t = self._by_hash[key]
         else:
             off = _align(self._blob_end, self._alignment)
-            self._blob.seek(off)
+            self._blob.seek(self._base + off)
             self._blob.write(data)
             self._blob_end = off + len(data)
             t = len(self._tensors)
@@ -421,6 +446,9 @@ class ModelWriter:
         slot_off = HEADER_BYTES
         tensor_off = _align(slot_off + 4 * n_slots, 8)
         data_off = _align(tensor_off + TENSOR_ENTRY_BYTES * n_tensors, alignment)
+        if self._tmp is not None:
+            assert data_off <= self._base  # expect= bounds n_layers and E: the tables fit
+            data_off = self._base
         file_size = data_off + self._blob_end
         header = bytearray(_HEADER.pack(
             MAGIC, VERSION, HEADER_BYTES, n_layers, cfg["hidden"], cfg["inter"], cfg["n_experts"],
@@ -430,27 +458,38 @@ class ModelWriter:
         reseal_header(header)
         table = b"".join(_ENTRY.pack(k, dt, r, c, data_off + off, nb, crc, 0)
                          for k, dt, r, c, off, nb, crc in self._tensors)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self._dir)
+        heads = b"".join((header, slots.tobytes(), b"\0" * (tensor_off - slot_off - 4 * n_slots),
+                          table, b"\0" * (data_off - tensor_off - len(table))))
+        in_place = self._tmp is not None
+        tmp, f = self._tmp, self._blob
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(header)
-                f.write(slots.tobytes())
-                f.write(b"\0" * (tensor_off - slot_off - 4 * n_slots))
-                f.write(table)
-                f.write(b"\0" * (data_off - tensor_off - len(table)))
+            if not in_place:
+                fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp",
+                                           dir=self._dir)
+                f = os.fdopen(fd, "wb")
+            f.seek(0)  # in place: the payloads already lie after the reserved tables
+            f.write(heads)
+            if not in_place:
                 self._blob.seek(0)
                 shutil.copyfileobj(self._blob, f, 1 << 20)
-                f.flush()
-                if f.tell() != file_size:  # pragma: no cover - a bug, not a user error
-                    raise RuntimeError(f"wrote {f.tell()} bytes, expected {file_size}")
-                os.fsync(f.fileno())
+            f.flush()
+            size = os.fstat(f.fileno()).st_size
+            if size != file_size:  # pragma: no cover - a bug, not a user error
+                raise RuntimeError(f"wrote {size} bytes, expected {file_size}")
+            os.fsync(f.fileno())
+            f.close()
             os.chmod(tmp, 0o644)
             os.replace(tmp, self.path)
+            self._tmp = None  # moved into place: abort() must not remove it
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            if f is not None:
+                f.close()
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+            self._tmp = None
             self.abort()
             raise
         self.abort()  # releases the payload file and the memo
@@ -463,6 +502,12 @@ class ModelWriter:
         blob, self._blob = self._blob, None
         if blob is not None:
             blob.close()
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
         self._by_source.clear()
         self._keep_alive.clear()
 
