@@ -17,9 +17,11 @@ Tensor names (L = layer, N = expert; the part before `layers.` may be anything, 
   shared       L.mlp.shared_expert.{gate_proj,up_proj,down_proj}.weight [S, H], [S, H], [H, S]
   (qwen2_moe)  L.mlp.shared_expert_gate.weight [1, H]
 
-The transposed fused pair, gate_up_proj [E, H, 2I] with down_proj [E, I, H] (Llama 4's
-layout, gate = first half of the last axis), is read too: the two shapes together can
-never fit both readings, so the choice is unambiguous. Anything else is refused by name.
+The transposed fused pair, gate_up_proj [E, H, 2I] with down_proj [E, I, H], is
+recognised (the two shapes together never fit both orientations) but refused: in that
+layout transformers itself splits gate and up two ways (halves in Llama 4, interleaved
+columns in GPT-OSS), and none of the four architectures here is stored so, so the order
+would be a guess. Anything else is refused by name too.
 
 Routing comes from the architecture (ARCHS) and, when given or found beside the first
 source, the checkpoint's config.json (num_experts_per_tok, norm_topk_prob,
@@ -226,7 +228,7 @@ _LAYER_RE = re.compile(r"^(?P<prefix>(?:.+\.)?layers)\.(?P<layer>\d+)\.(?P<block
 class LayerPlan:
     index: int                 # the checkpoint's layer number
     base: str                  # e.g. "model.layers.3.mlp"
-    form: str                  # "per-expert" | "fused" | "fused-transposed"
+    form: str                  # "per-expert" | "fused"
     names: dict[str, Any]      # router, gate/up/down (lists per expert) or gate_up/down, shared*
 
 
@@ -358,7 +360,12 @@ def _plan_layer(ck: Checkpoint, arch: Arch, base: str, L: int, proj: tuple[str, 
             form, I = "fused", a[1] // 2
         elif len(a) == 3 and a[0] == E and a[1] == H and a[2] % 2 == 0 and a[2] and \
                 b == (E, a[2] // 2, H):
-            form, I = "fused-transposed", a[2] // 2
+            raise ConvertError(
+                f"{ck.file_of(gu)}: tensors {gu} {list(a)} and {dn} {list(b)} are in the transposed "
+                f"fused layout [E, H, 2I] and [E, I, H]; transformers stores --arch {arch.name} as "
+                f"[E, 2I, H] (gate rows, then up rows) and [E, H, I]. The gate/up order of the "
+                f"transposed layout differs between models (halves in Llama 4, interleaved in "
+                f"GPT-OSS), so it is not guessed: transpose the tensors to that layout first")
         else:
             raise ConvertError(
                 f"{ck.file_of(gu)}: tensors {gu} {list(a)} and {dn} {list(b)} do not fit the fused "
@@ -498,14 +505,10 @@ def load_layer(ck: Checkpoint, p: LayerPlan, I: int) -> dict[str, np.ndarray]:
             for e in range(1, len(n[key])):
                 a[e] = _f32(ck, n[key][e])
             out[key] = a
-    elif p.form == "fused":
+    else:  # fused: [E, 2I, H], gate rows then up rows; [E, H, I]
         out["gate"] = _f32(ck, n["gate_up"], np.s_[:, :I, :])
         out["up"] = _f32(ck, n["gate_up"], np.s_[:, I:, :])
         out["down"] = _f32(ck, n["down"])
-    else:  # fused-transposed: [E, H, 2I] and [E, I, H]
-        out["gate"] = _f32(ck, n["gate_up"], np.s_[:, :, :I]).transpose(0, 2, 1)
-        out["up"] = _f32(ck, n["gate_up"], np.s_[:, :, I:]).transpose(0, 2, 1)
-        out["down"] = _f32(ck, n["down"]).transpose(0, 2, 1)
     for key in ("shared_gate", "shared_up", "shared_down"):
         if key in n:
             out[key] = _f32(ck, n[key])

@@ -144,20 +144,27 @@ def test_weight_dtypes(tmp_path, lib, wdt):
     check_model(out, layers, wdt)
 
 
-def test_fused_transposed_layout_reads_the_same(tmp_path, lib):
+def test_fused_and_per_expert_forms_give_the_same_file(tmp_path, lib):
     layers = make_layers(1)
     for d in layers:
         d.update(top_k=2)
     write_config(tmp_path, "olmoe", norm_topk_prob=True)
     outs = []
-    for form in ("fused", "fused-transposed", "per-expert"):
+    for form in ("fused", "per-expert"):
         p = tmp_path / f"{form}.safetensors"
         save_safetensors(p, hf_tensors("olmoe", form, layers))
         outs.append(tmp_path / f"{form}.colibri")
         assert convert([p], outs[-1], arch="olmoe")["forms"] == [form]
-    data = [o.read_bytes() for o in outs]
-    assert data[0] == data[1] == data[2]  # the same model file whichever the naming
-    check_model(outs[1], layers, "f32")
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+    check_model(outs[0], layers, "f32")
+
+
+def test_transposed_fused_layout_is_refused_not_guessed(tmp_path, capsys):
+    """[E, H, 2I] / [E, I, H]: recognised, but its gate/up order is model-specific."""
+    t = hf_tensors("olmoe", "fused-transposed", make_layers(1))
+    err, p = failing(tmp_path, capsys, t, "--arch", "olmoe")
+    assert f"{p}: tensors model.layers.0.mlp.experts.gate_up_proj [4, 32, 32]" in err
+    assert "transposed fused layout" in err and "[E, 2I, H]" in err and "not guessed" in err
 
 
 def test_gated_and_ungated_shared_expert(tmp_path, lib):
