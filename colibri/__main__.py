@@ -71,7 +71,7 @@ def _cmd_dump_schema(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from . import demo
 
-    return demo.main(dtypes=tuple(args.dtype or quant.DTYPES), threads=args.threads,
+    return demo.main(dtypes=tuple(args.dtype or demo.DEFAULT_DTYPES), threads=args.threads,
                      as_json=args.json)
 
 
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                f"{EXIT_USAGE} usage error.")
     p.add_argument("--threads", type=int, default=None, help="threads (default: one per CPU)")
     p.add_argument("--dtype", action="append", choices=list(quant.DTYPES),
-                   help="weight dtype to run (repeatable; default: every dtype)")
+                   help="weight dtype to run (repeatable; default: f32, bf16 and int8)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=_cmd_demo)
     p = sub.add_parser("convert", help="convert a Hugging Face safetensors checkpoint's MoE "

@@ -76,11 +76,11 @@ def test_dump_schema_json(tmp_path, lib):
 
 def test_demo_json(monkeypatch, lib, capsys):
     """demo --json prints one JSON object (a tiny shape here: the real one needs 5 GB)."""
-    from colibri import demo, quant
+    from colibri import demo
 
     monkeypatch.setattr(demo, "SHAPE", dict(H=32, I=16, E=4, k=2))
     assert demo.main(threads=1, as_json=True) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["ok"] is True and d["threads"] == 1 and d["shape"]["E"] == 4
-    assert [r["dtype"] for r in d["results"]] == list(quant.DTYPES)
+    assert [r["dtype"] for r in d["results"]] == list(demo.DEFAULT_DTYPES)
     assert all(r["max_rel_err"] < 1e-4 and r["decode_ms"] > 0 for r in d["results"])
