@@ -1,7 +1,13 @@
 """python -m colibri: command-line tools of the Colibri binding.
 
-    python -m colibri dump-schema FILE
-    python -m colibri demo [--threads N] [--dtype f32|bf16|int8 ...]
+    python -m colibri dump-schema FILE [--json]
+    python -m colibri demo [--threads N] [--dtype DTYPE ...] [--json]
+    python -m colibri convert SRC... --out MODEL.colibri [--arch ARCH] [--weight-dtype DTYPE]
+                              [--config config.json] [--layers N-M] [--json] [--quiet]
+
+`python -m colibri COMMAND --help` documents each. Conventions shared with
+`python -m tuner`: data goes to stdout (as JSON with --json), progress and errors to
+stderr; exit status 0 success, 1 failure, 2 usage error, 3 a missing tool.
 
 dump-schema runs the C tool colibri_dump_schema that the build puts beside
 libcolibri.so (the library colibri._lib would load: $COLIBRI_LIB, the tuned
@@ -10,13 +16,16 @@ library for this host, or the default build of this host's profile).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from . import quant
+
 TOOL = "colibri_dump_schema"
-EXIT_NO_TOOL = 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_TOOL = 0, 1, 2, 3
 
 
 def dump_schema_tool() -> Path:
@@ -41,19 +50,46 @@ def _cmd_dump_schema(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_NO_TOOL
     sys.stdout.flush()
-    return subprocess.run([str(tool), os.fspath(args.file)]).returncode
+    if not args.json:
+        return subprocess.run([str(tool), os.fspath(args.file)]).returncode
+    # --json: the C tool gives the verdict (it is the loader's own check); the tables come
+    # from the Python reader, which reads what the file says without judging it.
+    from .modelfile import read_header
+
+    proc = subprocess.run([str(tool), os.fspath(args.file)], capture_output=True, text=True)
+    out: dict = {"file": os.fspath(args.file), "valid": proc.returncode == 0,
+                 "error": (proc.stderr.strip() or None) if proc.returncode else None}
+    try:
+        out.update(read_header(args.file))
+    except (OSError, ValueError) as e:
+        out["error"] = out["error"] or str(e)
+    json.dump(out, sys.stdout, indent=1)
+    print()
+    return proc.returncode if proc.returncode in (EXIT_OK, EXIT_FAILED, EXIT_USAGE) else EXIT_FAILED
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from . import demo
 
-    return demo.main(dtypes=tuple(args.dtype or ("f32", "bf16", "int8")), threads=args.threads)
+    return demo.main(dtypes=tuple(args.dtype or demo.DEFAULT_DTYPES), threads=args.threads,
+                     as_json=args.json)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from . import convert
+
+    return convert.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import convert
+
     parser = argparse.ArgumentParser(
         prog="python -m colibri",
-        description="Colibri MoE inference engine: command-line tools.")
+        description="Colibri MoE inference engine: command-line tools. "
+                    "`python -m colibri COMMAND --help` documents each.",
+        epilog=f"Exit status: {EXIT_OK} success; {EXIT_FAILED} failure (message on stderr); "
+               f"{EXIT_USAGE} usage error; {EXIT_NO_TOOL} a tool the command runs is not built.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     p = sub.add_parser(
@@ -61,9 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         help="print a model file's header, slot table and tensor table, and check it",
         description="Print the header, slot table summary and tensor table of a Colibri model "
                     "file (FORMAT.md) and check every tensor's CRC-32.",
-        epilog=f"Exit status: 0 valid file; 1 broken file (what is wrong and its byte offset on "
-               f"stderr); 2 usage error; {EXIT_NO_TOOL} the {TOOL} tool is not built.")
+        epilog=f"Exit status: {EXIT_OK} valid file; {EXIT_FAILED} broken file (what is wrong and "
+               f"its byte offset on stderr, or in \"error\" with --json); {EXIT_USAGE} usage "
+               f"error; {EXIT_NO_TOOL} the {TOOL} tool is not built.")
     p.add_argument("file", help="the model file")
+    p.add_argument("--json", action="store_true",
+                   help="print the header, slots and tensor table as JSON, with the verdict "
+                        "(\"valid\", \"error\")")
     p.set_defaults(func=_cmd_dump_schema)
     p = sub.add_parser(
         "demo",
@@ -71,12 +111,23 @@ def main(argv: list[str] | None = None) -> int:
         description="Build (if needed) the library for this host, run a Qwen3-30B-A3B-shaped MoE "
                     "layer with random weights in each dtype, check it against the float64 NumPy "
                     "reference and print per-call timings (needs about 5 GB of memory).",
-        epilog="Exit status: 0 all checks passed; 1 a check failed.")
+        epilog=f"Exit status: {EXIT_OK} all checks passed; {EXIT_FAILED} a check failed; "
+               f"{EXIT_USAGE} usage error.")
     p.add_argument("--threads", type=int, default=None, help="threads (default: one per CPU)")
-    p.add_argument("--dtype", action="append", choices=["f32", "bf16", "int8"],
-                   help="weight dtype to run (repeatable; default: all three)")
+    p.add_argument("--dtype", action="append", choices=list(quant.DTYPES),
+                   help="weight dtype to run (repeatable; default: f32, bf16 and int8)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=_cmd_demo)
-    args = parser.parse_args(argv)
+    p = sub.add_parser("convert", help="convert a Hugging Face safetensors checkpoint's MoE "
+                                       "layers to a model file",
+                       description=convert.DESCRIPTION, epilog=convert.EPILOG)
+    convert.add_arguments(p)
+    p.set_defaults(func=_cmd_convert)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 

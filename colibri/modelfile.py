@@ -283,115 +283,245 @@ def save_model(path, layers: Sequence[dict], *, weight_dtype: str = "f32", align
     several layers) are stored once and named by several slots.
 
     Returns {"path", "n_tensors", "n_slots", "file_size", "payload_bytes"}.
+    (ModelWriter writes the same file one layer at a time.)
     """
-    if weight_dtype not in quant.DTYPE_CODES:
-        raise ValueError(f"weight_dtype must be one of {list(quant.DTYPE_CODES)}, got {weight_dtype!r}")
-    wdt = quant.DTYPE_CODES[weight_dtype]
-    alignment = _int_field("alignment", alignment, MIN_ALIGNMENT, MAX_ALIGNMENT)
-    if alignment & (alignment - 1):
-        raise ValueError(f"alignment must be a power of two, got {alignment}")
-    if isinstance(layers, dict) or not isinstance(layers, Sequence):
-        raise TypeError("layers must be a list of layer dicts")
-    if not 1 <= len(layers) <= MAX_LAYERS:
-        raise ValueError(f"need 1 .. {MAX_LAYERS} layers, got {len(layers)}")
+    writer = ModelWriter(path, weight_dtype=weight_dtype, alignment=alignment, share=share,
+                         _remember_sources=True)
+    try:
+        if isinstance(layers, dict) or not isinstance(layers, Sequence):
+            raise TypeError("layers must be a list of layer dicts")
+        if not 1 <= len(layers) <= MAX_LAYERS:
+            raise ValueError(f"need 1 .. {MAX_LAYERS} layers, got {len(layers)}")
+        # Every layer is checked before a byte is written, so a bad last layer costs nothing.
+        checked = [_check_layer(i, d) for i, d in enumerate(layers)]
+        for i, (_, c) in enumerate(checked):
+            writer._check_config(i, c)
+        for d, (arr, cfg) in zip(layers, checked):
+            writer._add_checked(d, arr, cfg)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.close()
 
-    checked = [_check_layer(i, d) for i, d in enumerate(layers)]
-    cfg = checked[0][1]
-    for i, (_, c) in enumerate(checked[1:], start=1):
-        for k, v in cfg.items():
-            if c[k] != v:
-                raise ValueError(f"layers[{i}] has {k} = {c[k]}, but layers[0] has {v}: all layers "
-                                 f"must share dimensions and routing config")
-    E, S, gated = cfg["n_experts"], cfg["shared_inter"], cfg["shared_gated"]
-    spl = slots_per_layer(E)
-    n_slots = len(layers) * spl
 
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    tensors: list[tuple[int, int, int, int, int, int, int]] = []  # kind dtype rows cols off nbytes crc
-    slots = np.full(n_slots, ABSENT, dtype="<u4")
-    by_hash: dict[tuple, int] = {}
-    by_source: dict[tuple, int] = {}
-    keep_alive = []  # objects whose id() is a memo key
-    with tempfile.TemporaryFile(dir=directory) as blob:
-        blob_end = 0
+class ModelWriter:
+    """Writes a model file one layer at a time, so a large model never has to be in
+    memory whole (the checkpoint converter streams layers through it):
 
-        def add(slot: int, kind: int, source, sub, mat: np.ndarray) -> None:
-            nonlocal blob_end
-            memo = (id(source), sub, kind)
-            if share and memo in by_source:
-                slots[slot] = by_source[memo]
-                return
-            dtype, data = _payload(kind, mat, wdt)
-            key = (kind, dtype, mat.shape, hashlib.blake2b(data, digest_size=32).digest())
-            if share and key in by_hash:
-                t = by_hash[key]
-            else:
-                off = _align(blob_end, alignment)
-                blob.seek(off)
-                blob.write(data)
-                blob_end = off + len(data)
-                t = len(tensors)
-                tensors.append((kind, dtype, mat.shape[0], mat.shape[1], off, len(data),
-                                zlib.crc32(data)))
-                by_hash[key] = t
-            if share:
-                by_source[memo] = t
-                keep_alive.append(source)
-            slots[slot] = t
+        with ModelWriter("m.colibri", weight_dtype="bf16") as w:
+            for layer in layers:          # layer dicts as save_model takes them
+                w.add_layer(layer)
+        info = w.info                     # save_model's summary
 
-        for l, (arr, _) in enumerate(checked):
-            base = l * spl
-            src = layers[l]
-            add(base, KIND["router"], src["router"], None, arr["router"])
-            for e in range(E):
-                for k, name in enumerate(("gate", "up", "down")):
-                    add(base + 1 + 3 * e + k, KIND[name], src[name], e, arr[name][e])
-            if S:
-                for k, name in enumerate(_SHARED_KEYS):
-                    add(base + 1 + 3 * E + k, KIND[name], src[name], None, arr[name])
-                if gated:
-                    add(base + 4 + 3 * E, KIND["shared_expert_gate"], src["shared_expert_gate"],
-                        None, arr["shared_expert_gate"])
+    Payloads go to a temporary file beside `path`; close() writes the header and
+    tables and moves the file into place atomically; an exception inside the `with`
+    (or abort()) leaves nothing behind. share=True stores identical tensors once.
 
-        n_tensors = len(tensors)
+    expect=(n_layers, n_experts), when the caller knows them, reserves room for the
+    largest tables those allow, so payloads are written straight into the output
+    instead of being copied there at the end (a large model is written once, not
+    twice); the unused part of the reservation stays zero, which FORMAT.md allows.
+    """
+
+    def __init__(self, path, *, weight_dtype: str = "f32", alignment: int = 64,
+                 share: bool = True, expect: tuple[int, int] | None = None,
+                 _remember_sources: bool = False):
+        if weight_dtype not in quant.DTYPE_CODES:
+            raise ValueError(f"weight_dtype must be one of {list(quant.DTYPE_CODES)}, "
+                             f"got {weight_dtype!r}")
+        alignment = _int_field("alignment", alignment, MIN_ALIGNMENT, MAX_ALIGNMENT)
+        if alignment & (alignment - 1):
+            raise ValueError(f"alignment must be a power of two, got {alignment}")
+        self.path = Path(path)
+        self._dir = self.path.parent if str(self.path.parent) else Path(".")
+        self._wdt = quant.DTYPE_CODES[weight_dtype]
+        self._alignment = alignment
+        self._share = share
+        # Memo by array identity skips re-encoding an array every layer names (save_model's
+        # callers reuse arrays); it keeps those arrays alive, so a streaming caller goes without.
+        self._remember = share and _remember_sources
+        self._cfg: dict | None = None
+        self._slots: list[np.ndarray] = []
+        self._tensors: list[tuple[int, int, int, int, int, int, int]] = []  # kind dtype rows cols off nbytes crc
+        self._by_hash: dict[tuple, int] = {}
+        self._by_source: dict[tuple, int] = {}
+        self._keep_alive: list = []
+        self._expect = None
+        self._tmp: str | None = None
+        self._base = 0  # where payload offset 0 lies in self._blob
+        if expect is not None:
+            n_layers = _int_field("expect n_layers", expect[0], 1, MAX_LAYERS)
+            n_experts = _int_field("expect n_experts", expect[1], 1, MAX_EXPERTS)
+            self._expect = (n_layers, n_experts)
+            n_slots = n_layers * slots_per_layer(n_experts)
+            table_end = _align(HEADER_BYTES + 4 * n_slots, 8) + TENSOR_ENTRY_BYTES * n_slots
+            self._base = _align(table_end, alignment)
+            fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp",
+                                             dir=self._dir)
+            self._blob = os.fdopen(fd, "w+b")
+        else:
+            self._blob = tempfile.TemporaryFile(dir=self._dir)
+        self._blob_end = 0
+        self.info: dict[str, Any] | None = None
+
+    @property
+    def n_layers(self) -> int:
+        return len(self._slots)
+
+    def add_layer(self, layer: dict) -> None:
+        """Check one layer dict (as save_model takes) and append its tensors."""
+        self._live()
+        if len(self._slots) >= MAX_LAYERS:
+            raise ValueError(f"a model holds at most {MAX_LAYERS} layers")
+        if self._expect and len(self._slots) >= self._expect[0]:
+            raise ValueError(f"ModelWriter expected {self._expect[0]} layers; this is one more")
+        arr, cfg = _check_layer(len(self._slots), layer)
+        if self._expect and cfg["n_experts"] != self._expect[1]:
+            raise ValueError(f"layers[{len(self._slots)}] has {cfg['n_experts']} experts, but "
+                             f"ModelWriter expected {self._expect[1]}")
+        self._check_config(len(self._slots), cfg)
+        self._add_checked(layer, arr, cfg)
+
+    def _live(self) -> None:
+        if self._blob is None:
+            raise ValueError(f"ModelWriter for {self.path} is closed")
+
+    def _check_config(self, i: int, cfg: dict) -> None:
+        if self._cfg is None:
+            self._cfg = cfg
+            return
+        for k, v in self._cfg.items():
+            if cfg[k] != v:
+                raise ValueError(f"layers[{i}] has {k} = {cfg[k]}, but layers[0] has {v}: all "
+                                 f"layers must share dimensions and routing config")
+
+    def _add(self, slots: np.ndarray, slot: int, kind: int, source, sub, mat: np.ndarray) -> None:
+        memo = (id(source), sub, kind)
+        if self._remember and memo in self._by_source:
+            slots[slot] = self._by_source[memo]
+            return
+        dtype, data = _payload(kind, mat, self._wdt)
+        key = (kind, dtype, mat.shape, hashlib.blake2b(data, digest_size=32).digest())
+        if self._share and key in self._by_hash:
+            t = self._by_hash[key]
+        else:
+            off = _align(self._blob_end, self._alignment)
+            self._blob.seek(self._base + off)
+            self._blob.write(data)
+            self._blob_end = off + len(data)
+            t = len(self._tensors)
+            self._tensors.append((kind, dtype, mat.shape[0], mat.shape[1], off, len(data),
+                                  zlib.crc32(data)))
+            if self._share:
+                self._by_hash[key] = t
+        if self._remember:
+            self._by_source[memo] = t
+            self._keep_alive.append(source)
+        slots[slot] = t
+
+    def _add_checked(self, src: dict, arr: dict, cfg: dict) -> None:
+        E, S, gated = cfg["n_experts"], cfg["shared_inter"], cfg["shared_gated"]
+        slots = np.full(slots_per_layer(E), ABSENT, dtype="<u4")
+        self._add(slots, 0, KIND["router"], src["router"], None, arr["router"])
+        for e in range(E):
+            for k, name in enumerate(("gate", "up", "down")):
+                self._add(slots, 1 + 3 * e + k, KIND[name], src[name], e, arr[name][e])
+        if S:
+            for k, name in enumerate(_SHARED_KEYS):
+                self._add(slots, 1 + 3 * E + k, KIND[name], src[name], None, arr[name])
+            if gated:
+                self._add(slots, 4 + 3 * E, KIND["shared_expert_gate"],
+                          src["shared_expert_gate"], None, arr["shared_expert_gate"])
+        self._slots.append(slots)
+
+    def close(self) -> dict[str, Any]:
+        """Write the file (header, tables, payloads) and return save_model's summary."""
+        if self.info is not None:
+            return self.info
+        self._live()
+        if not self._slots:
+            self.abort()
+            raise ValueError(f"{self.path}: no layers were added; a model needs at least one")
+        cfg, alignment = self._cfg, self._alignment
+        n_layers, n_tensors = len(self._slots), len(self._tensors)
+        slots = np.concatenate(self._slots)
+        n_slots = len(slots)
         slot_off = HEADER_BYTES
         tensor_off = _align(slot_off + 4 * n_slots, 8)
         data_off = _align(tensor_off + TENSOR_ENTRY_BYTES * n_tensors, alignment)
-        file_size = data_off + blob_end
+        if self._tmp is not None:
+            assert data_off <= self._base  # expect= bounds n_layers and E: the tables fit
+            data_off = self._base
+        file_size = data_off + self._blob_end
         header = bytearray(_HEADER.pack(
-            MAGIC, VERSION, HEADER_BYTES, len(layers), cfg["hidden"], cfg["inter"], E,
+            MAGIC, VERSION, HEADER_BYTES, n_layers, cfg["hidden"], cfg["inter"], cfg["n_experts"],
             cfg["top_k"], cfg["scoring"], cfg["norm_topk_prob"], cfg["dyn_p"], cfg["k_min"],
-            cfg["k_max"], wdt, S, gated, alignment, n_tensors, slot_off, tensor_off, data_off,
-            file_size, 0))
+            cfg["k_max"], self._wdt, cfg["shared_inter"], cfg["shared_gated"], alignment,
+            n_tensors, slot_off, tensor_off, data_off, file_size, 0))
         reseal_header(header)
         table = b"".join(_ENTRY.pack(k, dt, r, c, data_off + off, nb, crc, 0)
-                         for k, dt, r, c, off, nb, crc in tensors)
-
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+                         for k, dt, r, c, off, nb, crc in self._tensors)
+        heads = b"".join((header, slots.tobytes(), b"\0" * (tensor_off - slot_off - 4 * n_slots),
+                          table, b"\0" * (data_off - tensor_off - len(table))))
+        in_place = self._tmp is not None
+        tmp, f = self._tmp, self._blob
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(header)
-                f.write(slots.tobytes())
-                f.write(b"\0" * (tensor_off - slot_off - 4 * n_slots))
-                f.write(table)
-                f.write(b"\0" * (data_off - tensor_off - len(table)))
-                blob.seek(0)
-                shutil.copyfileobj(blob, f, 1 << 20)
-                f.flush()
-                if f.tell() != file_size:  # pragma: no cover - a bug, not a user error
-                    raise RuntimeError(f"wrote {f.tell()} bytes, expected {file_size}")
-                os.fsync(f.fileno())
+            if not in_place:
+                fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp",
+                                           dir=self._dir)
+                f = os.fdopen(fd, "wb")
+            f.seek(0)  # in place: the payloads already lie after the reserved tables
+            f.write(heads)
+            if not in_place:
+                self._blob.seek(0)
+                shutil.copyfileobj(self._blob, f, 1 << 20)
+            f.flush()
+            size = os.fstat(f.fileno()).st_size
+            if size != file_size:  # pragma: no cover - a bug, not a user error
+                raise RuntimeError(f"wrote {size} bytes, expected {file_size}")
+            os.fsync(f.fileno())
+            f.close()
             os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
+            os.replace(tmp, self.path)
+            self._tmp = None  # moved into place: abort() must not remove it
         except BaseException:
+            if f is not None:
+                f.close()
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+            self._tmp = None
+            self.abort()
+            raise
+        self.abort()  # releases the payload file and the memo
+        self.info = {"path": str(self.path), "n_tensors": n_tensors, "n_slots": n_slots,
+                     "file_size": file_size, "payload_bytes": sum(t[5] for t in self._tensors)}
+        return self.info
+
+    def abort(self) -> None:
+        """Drop everything written so far; `path` is left as it was."""
+        blob, self._blob = self._blob, None
+        if blob is not None:
+            blob.close()
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
             try:
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
-            raise
-    return {"path": str(path), "n_tensors": n_tensors, "n_slots": n_slots, "file_size": file_size,
-            "payload_bytes": sum(t[5] for t in tensors)}
+        self._by_source.clear()
+        self._keep_alive.clear()
+
+    def __enter__(self) -> "ModelWriter":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
 
 
 # ------------------------------------------------------------------ reading
