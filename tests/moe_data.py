@@ -40,7 +40,7 @@ class Case:
         """float64 moe(x) with the weights as the engine holds them in `dtype`."""
         rt = lambda a: None if a is None else quant.roundtrip(a, dtype)
         sh = {k: (v if k == "shared_expert_gate" else rt(v)) for k, v in self.shared.items()}
-        act = quant.quantize_activations if dtype == "int4" else None
+        act = quant.ACTIVATION_ROUNDING.get(dtype)
         return reference.moe_layer(x, self.router, quant.PerExpert(self.gate, dtype),
                                    quant.PerExpert(self.up, dtype), quant.PerExpert(self.down, dtype),
                                    **self.route, **sh, act=act)
@@ -73,11 +73,7 @@ def make_case(H, I, E, k, *, S=0, gated=False, scoring="softmax", norm=True, dyn
     return case
 
 
-def rtol_for(dtype, T):
-    """1e-4, except int4 with many tokens (4e-3): there the engine's float32 h and the
-    reference's float64 h can round an element to neighbouring int8 steps (see
-    test_layer.py)."""
-    return 4e-3 if dtype == "int4" and T > 8 else 1e-4
+rtol_for = quant.verify_rtol
 
 
 def assert_close(out, ref, rtol=1e-4):

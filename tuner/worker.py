@@ -125,11 +125,13 @@ def _run_problem(lib, pd: dict, job: dict) -> None:
     shared = {n: (f32[n] if n == "shared_expert_gate" else quant.roundtrip(f32[n], p.dtype))
               for n in weights.SHARED if n in f32}
     x = reference.inputs_with_margin(router, 1, seed=1, **route)
+    act = quant.ACTIVATION_ROUNDING.get(p.dtype)
     ref = reference.moe_layer(x, router, *(quant.PerExpert(f32[n], p.dtype)
-                                           for n in ("gate", "up", "down")), **route, **shared)
+                                           for n in ("gate", "up", "down")), **route, **shared,
+                              act=act)
     guards = _set_guards(lib, True)
     try:
-        checks = [(f"{p.shape} T=1", _guarded_call(layer, x, f"{p.shape} T=1"), ref)]
+        checks = [(f"{p.shape} T=1", _guarded_call(layer, x, f"{p.shape} T=1"), ref, 1)]
         checks += _small_checks(job["lib"], p)
     except OutOfBounds as exc:
         _emit(problem=p.name, status=STATUS_WRONG, reason=str(exc))
@@ -137,16 +139,17 @@ def _run_problem(lib, pd: dict, job: dict) -> None:
     finally:
         _set_guards(lib, guards)
     worst = 0.0
-    for what, out, ref in checks:
+    for what, out, ref, T in checks:
         if not np.all(np.isfinite(out)):
             _emit(problem=p.name, status=STATUS_WRONG, reason=f"non-finite output ({what})")
             return
         scale = np.abs(ref) + np.mean(np.abs(ref), axis=-1, keepdims=True)
         rel = float(np.max(np.abs(out - ref) / scale))
         worst = max(worst, rel)
-        if rel > job.get("rtol", 1e-4):
+        tol = max(job.get("rtol", 1e-4), quant.verify_rtol(p.dtype, T))
+        if rel > tol:
             _emit(problem=p.name, status=STATUS_WRONG, max_rel_err=rel,
-                  reason=f"max relative error {rel:.3g} > {job.get('rtol', 1e-4):g} ({what})")
+                  reason=f"max relative error {rel:.3g} > {tol:g} ({what})")
             return
     # 2. time inside C, fresh inputs per call (decode: other experts each call)
     rng = np.random.default_rng(seed + 7)
@@ -200,9 +203,9 @@ def _small_checks(lib_path: str, p) -> list[tuple[str, object, object]]:
     for T in (1, 2, 40):
         x = reference.inputs_with_margin(router, T, seed=T, **route)
         ref = reference.moe_layer(x, router, *(quant.PerExpert(a, p.dtype) for a in (gate, up, down)),
-                                  **route, **rt)
+                                  **route, **rt, act=quant.ACTIVATION_ROUNDING.get(p.dtype))
         what = f"small ragged layer T={T}"
-        out.append((what, _guarded_call(layer, x, what), ref))
+        out.append((what, _guarded_call(layer, x, what), ref, T))
     return out
 
 

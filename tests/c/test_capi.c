@@ -165,7 +165,8 @@ static void test_layer(void) {
     CREATE_FAILS(d_.n_experts = 0, "n_experts");
     CREATE_FAILS(d_.n_experts = -1, "n_experts");
     CREATE_FAILS(d_.shared_inter = -1, "shared_inter");
-    CREATE_FAILS(d_.weight_dtype = 3, "weight_dtype");
+    CREATE_FAILS(d_.weight_dtype = 4, "weight_dtype");
+    CREATE_FAILS(d_.weight_dtype = 3, "int4 weights need");  /* int4 without its scales */
     CREATE_FAILS(d_.weight_dtype = -1, "weight_dtype");
     CREATE_FAILS(d_.hugepages = 2, "hugepages");
     CREATE_FAILS(d_.route.top_k = E + 1, "top_k");
