@@ -236,22 +236,30 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def plot_convergence(inp: Inputs):
-    g = groups(inp)
-    if not g:
-        return None, "no measurements in the store"
-    fig, axes = _figure(len(g))
-    for ax, ((kernel, prob), rows) in zip(axes, g.items()):
-        by = OrderedDict()
+def convergence(inp: Inputs) -> "OrderedDict[tuple, OrderedDict[str, list]]":
+    """(kernel, problem) -> strategy -> best-so-far seconds after each evaluation, in
+    store order (a failed evaluation counts and keeps the previous best; None before
+    the first success)."""
+    out = OrderedDict()
+    for key, rows in groups(inp).items():
+        by = out.setdefault(key, OrderedDict())
         for m in rows:
-            by.setdefault(_strategy_of(m, inp), []).append(m)
-        for strat, ms in by.items():
-            best, ys = math.inf, []
-            for m in ms:
-                if m.ok:
-                    best = min(best, m.median_s)
-                ys.append(best * 1e3 if best < math.inf else math.nan)
-            ax.step(range(1, len(ys) + 1), ys, where="post", label=f"{strat} ({len(ms)} evals)")
+            ys = by.setdefault(_strategy_of(m, inp), [])
+            prev = ys[-1] if ys else None
+            cur = m.median_s if m.ok else None
+            ys.append(min(x for x in (prev, cur) if x is not None) if (prev or cur) else None)
+    return out
+
+
+def plot_convergence(inp: Inputs):
+    series = convergence(inp)
+    if not series:
+        return None, "no measurements in the store"
+    fig, axes = _figure(len(series))
+    for ax, ((kernel, prob), by) in zip(axes, series.items()):
+        for strat, ys in by.items():
+            ax.step(range(1, len(ys) + 1), [math.nan if y is None else y * 1e3 for y in ys],
+                    where="post", label=f"{strat} ({len(ys)} evals)")
         ax.set_title(f"{kernel}  {prob}", fontsize=9)
         ax.set_xlabel("evaluations (store order)")
         ax.set_ylabel("best so far [ms/call]")

@@ -443,7 +443,8 @@ def _summary(t: Tuner, classes: list[dict], knobs: dict, wall: float) -> dict:
     }
 
 
-def print_summary(summary: dict, out=sys.stdout) -> None:
+def print_summary(summary: dict, out=None) -> None:
+    out = out or sys.stdout  # looked up at call time: stdout may have been replaced
     w = summary.get("winner")
     print(f"\nhost {summary['host_id']}  profile {summary['profile']}  "
           f"strategy {summary['strategy']}  evaluated {summary['evaluations']} of "
