@@ -159,7 +159,7 @@ def test_failed_variants_with_reasons(full):
 
 def test_host_summary(full):
     t = _text(full["html"])
-    for needle in ("sapphirerapids", "cpuid-table", "why this profile", "L3 300 MiB", "NUMA",
+    for needle in ("sapphirerapids", "cpuid-table", "why this profile", "L3 300 MiB (shared by 2 CPUs)", "L1d 48 KiB", "NUMA",
                    "1 node(s)", "THP", "huge pages", "memory channels", "read 1: 14.5, 2: 19.0",
                    "triad", "gcc 12.2.0", "-march=sapphirerapids", "a test note",
                    "avx512f"):

@@ -350,6 +350,7 @@ def plot_default_vs_tuned(inp: Inputs):
             if r.get("speedup"):
                 ax.annotate(f"{r['speedup']:.2f}x", (i + 0.2, t[i]), ha="center", va="bottom", fontsize=8)
         ax.set_xticks(list(x), names, rotation=15, ha="right", fontsize=7)
+        ax.set_xlim(-0.8, len(rows) - 0.2)
         ax.set_ylabel("ms per call (re-timed, interleaved)")
         ax.set_title("tuner run: default vs tuned per problem", fontsize=9)
         ax.legend(fontsize=7)
@@ -449,9 +450,11 @@ def host_summary(inp: Inputs) -> list[tuple[str, str]]:
         add("ISA (vector)", ", ".join(vec) + f"  ({len(isa)} flags in all)")
     caches = h.get("caches") or []
     if caches:
-        add("caches", "; ".join(f"L{c.get('level')} {c.get('type', '')[:1].lower() if c.get('type') != 'Unified' else ''}"
-                                f"{_fmt_bytes(c.get('size_bytes'))} x{c.get('shared_cpu_count') or 1} cpu"
-                                for c in caches))
+        kind = {"Data": "d", "Instruction": "i"}
+        add("caches", "; ".join(
+            f"L{c.get('level')}{kind.get(c.get('type'), '')} {_fmt_bytes(c.get('size_bytes'))}"
+            + (f" (shared by {c['shared_cpu_count']} CPUs)" if (c.get("shared_cpu_count") or 1) > 1 else "")
+            for c in caches))
     numa = h.get("numa") or {}
     if numa.get("nodes"):
         add("NUMA", f"{len(numa['nodes'])} node(s): " + "; ".join(
@@ -485,7 +488,11 @@ def host_summary(inp: Inputs) -> list[tuple[str, str]]:
     add("ldflags", " ".join(man.get("ldflags") or bi.get("ldflags") or []))
     prof = man.get("profile") or bi.get("profile")
     add("profile", prof)
-    add("why this profile", h.get("profile_reason"))
+    if prof and h.get("profile") and h["profile"] != prof:
+        add("why this profile", f"chosen for the run (--profile); this host matches "
+                                f"{h['profile']}: {h.get('profile_reason') or ''}")
+    else:
+        add("why this profile", h.get("profile_reason"))
     add("profile features", ", ".join(bi.get("features") or []))
     for n in man.get("notes") or bi.get("notes") or []:
         add("note", n)
