@@ -196,6 +196,19 @@ def test_convergence_follows_store_order_per_strategy(tmp_path):
     assert series["tpe"] == [5.0, 2.0]
 
 
+def test_rows_of_other_hosts_are_left_out(tmp_path):
+    merged = tmp_path / "merged.sqlite"
+    with Store(merged) as st:
+        st.merge_from(STORE)
+        st.put(Measurement(key="other", kernel="expert_ffn", problem=DECODE, knobs={"rows": 9},
+                           status="ok", median_s=1e-6, samples=3, host_id="elsewhere-0"))
+    info = make_tuned_dir(tmp_path / "tuned", None)
+    res = report.write_report(merged, tmp_path / "tuned", tmp_path / "out")
+    page = res["html"].read_text()
+    assert "1 left out" in page and "rows=9" not in page
+    assert variant_id(info["winner"].knobs) in page
+
+
 def test_missing_inputs_give_a_page_that_says_so(tmp_path):
     res = report.write_report(tmp_path / "no-store.sqlite", tmp_path / "no-tuned", tmp_path / "out")
     page = _text(res["html"].read_text())

@@ -128,6 +128,13 @@ def load_inputs(store_path, tuned_dir, bench_json) -> Inputs:
             inp.found.append(("tuned library", str(lib)))
         else:
             inp.missing.append(("tuned library", f"{lib} does not exist: no ISA check"))
+    # a merged store (a fleet registry) holds other hosts' rows: report this host's only
+    hid = ((inp.manifest or {}).get("host") or {}).get("host_id")
+    mine = [m for m in inp.rows if m.host_id == hid]
+    if hid and mine and len(mine) < len(inp.rows):
+        inp.found.append(("other hosts' rows", f"{len(inp.rows) - len(mine)} left out "
+                                               f"(the report covers {hid})"))
+        inp.rows = mine
     if inp.bench_path is not None:
         inp.bench = _load_json(inp.bench_path, "bench.json", inp)
         if inp.bench is not None and not isinstance(inp.bench.get("rows"), list):
