@@ -225,6 +225,42 @@ def test_missing_inputs_give_a_page_that_says_so(tmp_path):
     assert "holds no measurements" in _text(res["html"].read_text())
 
 
+def test_malformed_inputs_are_named_not_crashed(tmp_path):
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"this is not an SQLite database" * 100)
+    tuned = tmp_path / "tuned"
+    tuned.mkdir()
+    (tuned / "manifest.json").write_text(json.dumps(
+        {"host": "not a dict", "knobs": [1, 2], "summary": {"rows": ["x"], "classes": 3}}))
+    tuned2 = tmp_path / "tuned2"
+    tuned2.mkdir()
+    (tuned2 / "manifest.json").write_text(json.dumps(
+        {"summary": {"rows": [{"problem": DECODE, "tuned_s": "fast"}, {}]}}))
+    bench2 = tmp_path / "bench2.json"
+    bench2.write_text(json.dumps({"rows": [{"case": DECODE}, 7]}))
+    res = report.write_report(STORE, tuned2, tmp_path / "out2", bench_json=bench2)
+    page = _text(res["html"].read_text())
+    assert "fast" in page and res["plots"]["convergence"] is not None
+    # the default-vs-tuned plot cannot use these rows: it says so, the rest is there
+    assert [e.split(":")[0] for e in res["errors"]] == ["default-vs-tuned"]
+    (tuned / "build_info.json").write_text("{ truncated")
+    (tuned / "config.h").write_text("#define COLIBRI_KNOB_ROWS\n")
+    (tuned / "libcolibri.so").write_text("not a library")
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"rows": "nope"}))
+    res = report.write_report(garbage, tuned, tmp_path / "out", bench_json=bench)
+    missing = dict(res["missing"])
+    assert str(garbage) in missing["results store"]
+    assert "unreadable" in missing["build info"]
+    assert res["isa_check"]["ok"] is None and "not an ELF file" in res["isa_check"]["message"]
+    why = " | ".join(w for k, w in res["missing"] if k == "manifest")
+    for key in ("host is a str", "knobs is a list", "summary.classes is a int", "summary.rows holds"):
+        assert key in why, key
+    assert "has no rows list" in missing["bench.json"]
+    page = _text(res["html"].read_text())
+    assert "Missing inputs" in page and "NOT CHECKED" in page and res["errors"] == []
+
+
 def test_a_plot_that_fails_is_reported_and_the_rest_is_written(tmp_path, monkeypatch):
     def broken(inp):
         raise ValueError("matplotlib exploded")

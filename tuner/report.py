@@ -23,6 +23,7 @@ import io
 import json
 import math
 import os
+import sqlite3
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -87,6 +88,32 @@ def _load_json(path: Path, what: str, inp: Inputs) -> dict | None:
     return data
 
 
+# manifest keys the report reads, and the JSON type each must have (tuner/emit.py)
+MANIFEST_SHAPE = {"host": dict, "summary": dict, "knobs": dict, "compiler": dict, "cflags": list,
+                  "ldflags": list, "notes": list, "profile": str, "signature": str}
+SUMMARY_SHAPE = {"classes": list, "rows": list, "default": dict, "winner": dict}
+
+
+def _checked_manifest(man: dict | None, inp: Inputs) -> dict | None:
+    """Drop (and name) the parts of a manifest that do not have the shape emit writes,
+    so a hand-edited or truncated manifest gives a page that says so, not a crash."""
+    if man is None:
+        return None
+    for shape, where, d in ((MANIFEST_SHAPE, "", man), (SUMMARY_SHAPE, "summary.", man.get("summary"))):
+        if not isinstance(d, dict):
+            continue
+        for key, typ in shape.items():
+            if key in d and d[key] is not None and not isinstance(d[key], typ):
+                inp.missing.append(("manifest", f"{where}{key} is a {type(d[key]).__name__}, not a "
+                                                f"{typ.__name__}: ignored"))
+                del d[key]
+        for key in ("classes", "rows"):
+            if isinstance(d.get(key), list) and not all(isinstance(x, dict) for x in d[key]):
+                inp.missing.append(("manifest", f"{where}{key} holds non-objects: ignored"))
+                del d[key]
+    return man
+
+
 def load_inputs(store_path, tuned_dir, bench_json) -> Inputs:
     from . import isacheck, render
     from .store import Store, StoreError
@@ -105,12 +132,13 @@ def load_inputs(store_path, tuned_dir, bench_json) -> Inputs:
             inp.found.append(("results store", f"{inp.store_path} ({len(inp.rows)} rows)"))
             if not inp.rows:
                 inp.missing.append(("measurements", f"{inp.store_path} holds no measurements"))
-        except StoreError as exc:
-            inp.missing.append(("results store", str(exc)))
+        except (StoreError, sqlite3.Error) as exc:
+            inp.missing.append(("results store", f"{inp.store_path}: {exc}"))
     if inp.tuned_dir is None:
         inp.missing.append(("tuned directory", "none given"))
     else:
-        inp.manifest = _load_json(inp.tuned_dir / "manifest.json", "manifest", inp)
+        inp.manifest = _checked_manifest(_load_json(inp.tuned_dir / "manifest.json", "manifest", inp),
+                                         inp)
         inp.build_info = _load_json(inp.tuned_dir / "build_info.json", "build info", inp)
         cpath = inp.tuned_dir / "config.h"
         if cpath.exists():
@@ -140,6 +168,12 @@ def load_inputs(store_path, tuned_dir, bench_json) -> Inputs:
         if inp.bench is not None and not isinstance(inp.bench.get("rows"), list):
             inp.missing.append(("bench.json", f"{inp.bench_path} has no rows list"))
             inp.bench = None
+        elif inp.bench is not None:
+            rows = inp.bench["rows"]
+            inp.bench["rows"] = [r for r in rows if isinstance(r, dict)]
+            if len(inp.bench["rows"]) < len(rows):
+                inp.missing.append(("bench.json", f"{len(rows) - len(inp.bench['rows'])} row(s) "
+                                                  f"of {inp.bench_path} are not objects: ignored"))
     return inp
 
 
@@ -175,12 +209,13 @@ def _gflops(m) -> float | None:
 def read_bandwidth(inp: Inputs) -> tuple[float | None, str]:
     """The host's measured read GB/s and where it came from (manifest, bench, store)."""
     summ = (inp.manifest or {}).get("summary") or {}
-    if summ.get("read_bandwidth_gbps"):
+    if _is_num(summ.get("read_bandwidth_gbps")) and summ["read_bandwidth_gbps"] > 0:
         return float(summ["read_bandwidth_gbps"]), "manifest (tuner run's probe)"
     bw = ((inp.manifest or {}).get("host") or {}).get("bandwidth") or {}
-    if bw.get("read_gbps"):
+    if isinstance(bw, dict) and _is_num(bw.get("read_gbps")) and bw["read_gbps"] > 0:
         return float(bw["read_gbps"]), "manifest host probe (best thread count)"
-    bench = [r.get("read_bw_gbps") for r in (inp.bench or {}).get("rows", []) if r.get("read_bw_gbps")]
+    bench = [r["read_bw_gbps"] for r in (inp.bench or {}).get("rows", [])
+             if _is_num(r.get("read_bw_gbps")) and r["read_bw_gbps"] > 0]
     if bench:
         return max(bench), "bench.json (measured between cases)"
     # a store row keeps gbps and gbps / bandwidth: the bandwidth it was measured against
@@ -530,7 +565,7 @@ def winners(inp: Inputs) -> dict:
                      "gbps": _gbps(b) if b else None, "gflops": _gflops(b) if b else None,
                      "bw_fraction": b.bw_fraction if b else None})
     return {"knobs": man.get("knobs") or (inp.config.knobs if inp.config else {}),
-            "classes": classes, "rows": summ.get("rows") or [], "best": best,
+            "classes": classes, "rows": _records(summ.get("rows"), RUN_ROW_KEYS), "best": best,
             "strategy": summ.get("strategy"), "evaluations": summ.get("evaluations"),
             "space_size": summ.get("space_size")}
 
@@ -566,26 +601,64 @@ def _host_id(inp: Inputs, out_dir: Path) -> str:
     return next(iter(ids), None) or out_dir.name
 
 
+def _section(fn, inp: Inputs, empty):
+    """A page section from inputs of an unexpected shape: named on the page, not a crash."""
+    try:
+        return fn(inp)
+    except Exception as exc:
+        inp.missing.append((fn.__name__.replace("_", " "),
+                            f"could not be read from the inputs: {type(exc).__name__}: {exc}"))
+        return empty
+
+
 def context(inp: Inputs, plots: list[Plot], out_dir: Path) -> dict:
     return {
         "host_id": _host_id(inp, out_dir),
         "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "inputs": inp, "missing": inp.missing, "found": inp.found,
-        "host": host_summary(inp), "winners": winners(inp), "failed": failures(inp),
-        "signatures": signatures(inp), "isa": inp.isa_check, "plots": plots,
-        "bench": (inp.bench or {}).get("rows") or [],
+        "host": _section(host_summary, inp, []),
+        "winners": _section(winners, inp, {"knobs": {}, "classes": [], "rows": [], "best": []}),
+        "failed": _section(failures, inp, {"counts": {}, "rows": [], "total": 0, "truncated": 0}),
+        "signatures": _section(signatures, inp, {"sigs": {}, "agree": None}),
+        "isa": inp.isa_check, "plots": plots,
+        "bench": _records((inp.bench or {}).get("rows"), BENCH_ROW_KEYS),
         "read_bw": read_bandwidth(inp),
         "profile": (inp.manifest or {}).get("profile") or (inp.build_info or {}).get("profile"),
     }
+
+
+# the keys the page shows of a run summary row (tuner/run.py) and of a bench.json row
+RUN_ROW_KEYS = ("problem", "class", "default_s", "tuned_s", "speedup", "gbps", "bw_fraction",
+                "gflops")
+BENCH_ROW_KEYS = ("case", "threads", "impl", "ms_per_token", "gbps", "pct_of_bound", "gflops",
+                  "vs_numpy", "vs_torch")
+
+
+def _records(rows, keys) -> list[dict]:
+    """Rows as dicts with exactly `keys` (absent ones None): the templates never meet a
+    missing key, whatever a hand-edited file holds."""
+    return [{k: r.get(k) for k in keys} for r in (rows if isinstance(rows, list) else [])
+            if isinstance(r, dict)]
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _fmt(v, spec: str) -> str:
+    if v is None:
+        return "-"
+    return format(v, spec) if _is_num(v) else str(v)
 
 
 def _env(autoescape: bool) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                              autoescape=autoescape, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    env.filters["ms"] = lambda v: "-" if v is None else f"{v:.3f}"
-    env.filters["num"] = lambda v, spec=".1f": "-" if v is None else format(v, spec)
-    env.filters["pct"] = lambda v: "-" if v is None else f"{100 * v:.0f}%"
+    env.filters["ms"] = lambda v: _fmt(v, ".3f")
+    env.filters["sec_ms"] = lambda v: _fmt(v * 1e3 if _is_num(v) else v, ".3f")
+    env.filters["num"] = lambda v, spec=".1f": _fmt(v, spec)
+    env.filters["pct"] = lambda v: _fmt(v * 100 if _is_num(v) else v, ".0f") + ("%" if _is_num(v) else "")
     env.filters["md"] = lambda v: str(v).replace("|", "\\|").replace("\n", " ")
     return env
 
