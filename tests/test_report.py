@@ -196,6 +196,28 @@ def test_convergence_follows_store_order_per_strategy(tmp_path):
     assert series["tpe"] == [5.0, 2.0]
 
 
+def test_throughput_decode_against_bandwidth_and_prefill_gflops(tmp_path):
+    from tuner import problems
+
+    prefill = "qwen3-30b-a3b/prefill64/f32"
+    with Store(tmp_path / "s.sqlite") as st:
+        for i, t in enumerate((0.010, 0.020)):
+            st.put(Measurement(key=f"d{i}", kernel="expert_ffn", problem=DECODE, knobs={"rows": i},
+                               status="ok", median_s=t, samples=3, gbps=0.15 / t,
+                               bw_fraction=0.15 / t / 20.0, created=1.0 + i))
+            st.put(Measurement(key=f"p{i}", kernel="expert_ffn", problem=prefill, knobs={"rows": i},
+                               status="ok", median_s=t * 100, samples=3, created=3.0 + i))
+    inp = report.load_inputs(tmp_path / "s.sqlite", None, None)
+    tp = report.throughput(inp)
+    assert tp["decode"][DECODE] == pytest.approx([15.0, 7.5])
+    assert tp["bw"][0] == pytest.approx(20.0) and "bw_fraction" in tp["bw"][1]
+    flops = problems.problem(prefill).flops
+    assert tp["prefill"][prefill] == pytest.approx([flops / 1.0 / 1e9, flops / 2.0 / 1e9])
+    assert tp["prefill_bound"][prefill] > tp["prefill"][prefill][0]
+    res = report.write_report(tmp_path / "s.sqlite", None, tmp_path / "out")
+    assert res["plots"]["throughput"] is not None and res["errors"] == []
+
+
 def test_rows_of_other_hosts_are_left_out(tmp_path):
     merged = tmp_path / "merged.sqlite"
     with Store(merged) as st:

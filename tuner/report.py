@@ -334,29 +334,61 @@ def plot_distribution(inp: Inputs):
     return fig, ""
 
 
+def prefill_bound_gflops(name: str, bw_gbps: float | None) -> float | None:
+    """GFLOP/s a prefill call would reach if it only had to stream each touched expert's
+    weights once at the read bandwidth: the memory roof of a roofline (an estimate:
+    E * (1 - (1 - k/E)^T) experts expected to be touched by T tokens)."""
+    p = _problem(name)
+    if p is None or not bw_gbps:
+        return None
+    from .problems import ELEM_BYTES
+
+    touched = p.E * (1 - (1 - p.k / p.E) ** p.T)
+    nbytes = touched * p.expert_bytes + 3 * p.S * p.H * ELEM_BYTES[p.dtype] + p.E * p.H * 4
+    return p.flops / (nbytes / (bw_gbps * 1e9)) / 1e9
+
+
+def throughput(inp: Inputs) -> dict:
+    """decode: problem -> GB/s per ok variant, fastest first; prefill: problem -> GFLOP/s;
+    bw: (read GB/s, source); prefill_bound: problem -> the memory-roof GFLOP/s."""
+    dec, pre = OrderedDict(), OrderedDict()
+    for (kernel, prob), rows in groups(inp).items():
+        ok = [m for m in rows if m.ok]
+        if _is_decode(prob):
+            vals = [x for x in (_gbps(m) for m in ok) if x]
+            if vals:
+                dec[prob] = sorted(vals, reverse=True)
+        else:
+            vals = [x for x in (_gflops(m) for m in ok) if x]
+            if vals:
+                pre[prob] = sorted(vals, reverse=True)
+    bw = read_bandwidth(inp)
+    return {"decode": dec, "prefill": pre, "bw": bw,
+            "prefill_bound": {p: prefill_bound_gflops(p, bw[0]) for p in pre}}
+
+
 def plot_throughput(inp: Inputs):
     """Decode: GB/s of weights streamed per variant, against the measured read bandwidth
-    (the roof a bandwidth-bound kernel cannot pass). Prefill: GFLOP/s per variant."""
-    g = groups(inp)
-    dec = {k: sorted((x for x in (_gbps(m) for m in v if m.ok) if x), reverse=True)
-           for k, v in g.items() if _is_decode(k[1])}
-    pre = {k: sorted((x for x in (_gflops(m) for m in v if m.ok) if x), reverse=True)
-           for k, v in g.items() if not _is_decode(k[1])}
-    dec = {k: v for k, v in dec.items() if v}
-    pre = {k: v for k, v in pre.items() if v}
+    (the roof a bandwidth-bound kernel cannot pass). Prefill: GFLOP/s per variant, with
+    the memory roof where the bandwidth is known."""
+    tp = throughput(inp)
+    dec, pre, bw = tp["decode"], tp["prefill"], tp["bw"][0]
     if not dec and not pre:
         return None, "no successful measurements with a known problem shape"
-    bw, src = read_bandwidth(inp)
     panels = [p for p in (dec and "decode", pre and "prefill") if p]
     fig, axes = _figure(len(panels))
     for ax, panel in zip(axes, panels):
         series = dec if panel == "decode" else pre
-        for (kernel, prob), ys in series.items():
-            ax.plot(range(1, len(ys) + 1), ys, marker=".", ms=3, lw=1, label=prob)
+        for prob, ys in series.items():
+            line, = ax.plot(range(1, len(ys) + 1), ys, marker=".", ms=3, lw=1, label=prob)
+            bound = tp["prefill_bound"].get(prob) if panel == "prefill" else None
+            if bound:
+                ax.axhline(bound, color=line.get_color(), ls=":", lw=1.2,
+                           label=f"memory roof {bound:.0f} GFLOP/s (estimate)")
         if panel == "decode":
+            top = max(max(v) for v in dec.values())
             if bw:
                 ax.axhline(bw, color="k", ls="--", lw=1.5, label=f"measured read bandwidth {bw:.1f} GB/s")
-                top = max(max(v) for v in dec.values())
                 ax.set_ylim(0, max(bw, top) * 1.1)
                 ax.set_title(f"decode: weight GB/s per variant (best {100 * top / bw:.0f}% of read bandwidth)",
                              fontsize=9)
@@ -366,6 +398,7 @@ def plot_throughput(inp: Inputs):
         else:
             ax.set_title("prefill: GFLOP/s per variant", fontsize=9)
             ax.set_ylabel("GFLOP/s")
+            ax.set_ylim(bottom=0)
         ax.set_xlabel("variants, fastest first")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -426,7 +459,8 @@ PLOTS = (
     ("throughput", "Achieved throughput against the hardware",
      "Decode streams weights from DRAM: GB/s of weight bytes per variant against the host's "
      "measured read bandwidth (roofline-style: the dashed line is the roof). Prefill: "
-     "GFLOP/s per variant.", plot_throughput),
+     "GFLOP/s per variant, with the memory roof (each touched expert's weights streamed "
+     "once at the read bandwidth) where the bandwidth is known.", plot_throughput),
     ("default-vs-tuned", "Default vs tuned",
      "Per problem, the profile's default variant and the tuned winner re-timed "
      "interleaved by `tuner run` (manifest); per case, `tuner bench`'s figures.",
