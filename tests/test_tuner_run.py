@@ -84,6 +84,7 @@ from tuner.run import RunConfig, run
 cfg = RunConfig(profile="generic", problems={PROBLEMS!r}, strategy="exhaustive", quick=True,
                 min_seconds=0.05, retime_rounds=1, worker_timeout_s=20,
                 build_dir=Path({str(tmp_path / 'build')!r}),
+                report_dir=Path({str(tmp_path / 'reports')!r}),
                 space_overrides={{"isa": ["portable"], "rows": [1, 2], "tok_block": [1],
                                   "unroll": [2], "prefetch": [0],
                                   "fault": ["none", "compile", "crash", "hang", "wrong",
@@ -124,6 +125,13 @@ json.dump(s, sys.stdout, default=str)
     emitted = Path(s["emitted"]["dir"])
     assert (emitted / "config.h").exists() and (emitted / "libcolibri.so").exists()
     assert "COLIBRI_KNOB_FAULT none" in (emitted / "config.h").read_text()
+    # the emitted library keeps the ISA promise, and the report names every failure
+    assert s["isa_check"]["ok"] is True, s["isa_check"]
+    assert s["report"]["errors"] == [] and Path(s["report"]["html"]).parent == tmp_path / "reports"
+    page = Path(s["report"]["html"]).read_text()
+    for status in ("compile_error", "crash", "timeout", "wrong"):
+        assert f"<td>{status}</td>" in page, status
+    assert page.count('<img src="data:image/png;base64,') == 4
 
 
 def _rows(store):
@@ -141,7 +149,8 @@ def test_killed_run_resumes_without_losing_measurements_and_a_rerun_measures_not
     store = tmp_path / "store.sqlite"
     args = ["--problem", "tiny/decode/f32", "--profile", "generic", "--strategy", "exhaustive",
             "--quick", "--min-seconds", "0.05", "--no-bandwidth", "--build-dir",
-            str(tmp_path / "build"), "--store", str(store), "--json"]
+            str(tmp_path / "build"), "--store", str(store), "--report-dir",
+            str(tmp_path / "reports"), "--json"]
     proc = subprocess.Popen([sys.executable, "-m", "tuner", "run", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -178,6 +187,8 @@ def test_killed_run_resumes_without_losing_measurements_and_a_rerun_measures_not
     assert {"config.h", "libcolibri.so", "manifest.json"} <= {p.name for p in emitted.iterdir()}
     manifest = json.loads((emitted / "manifest.json").read_text())
     assert manifest["knobs"] == s2["winner"]["knobs"] and manifest["summary"]["rows"]
+    assert manifest["isa_check"]["ok"] is True
+    assert (tmp_path / "reports" / "report.html").exists() and (tmp_path / "reports" / "report.md").exists()
     res = subprocess.run([sys.executable, "-c", "from colibri._lib import default_library_path as d;"
                           "print(d())"], cwd=ROOT, capture_output=True, text=True,
                          env=dict(os.environ, COLIBRI_BUILD_DIR=str(tmp_path / "build")))

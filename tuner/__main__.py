@@ -1,6 +1,7 @@
 """python -m tuner: probe the host, tune the kernels, emit config.h + libcolibri.so.
 
-Commands: probe, profiles, run, replay, bench, soak. `python -m tuner COMMAND --help` for each.
+Commands: probe, profiles, run, replay, bench, report, soak. `python -m tuner COMMAND --help`
+for each.
 Exit status: 0 success; 1 the command failed (message on stderr); 2 usage error;
 3 the results store is locked by another run.
 """
@@ -23,7 +24,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     max_evals=args.max_evals, budget_s=args.budget, quick=args.quick,
                     threads=args.threads, min_seconds=args.min_seconds, seed=args.seed,
                     emit=not args.no_emit, measure_bandwidth=not args.no_bandwidth,
-                    wait=False if args.wait is None else args.wait)
+                    wait=False if args.wait is None else args.wait,
+                    report=not args.no_report,
+                    report_dir=Path(args.report_dir) if args.report_dir else None)
     if args.quick:
         cfg.min_seconds = min(cfg.min_seconds, 0.3)
         cfg.retime_rounds = 3
@@ -52,7 +55,62 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print()
     else:
         print_summary(summary)
-    return 0 if summary.get("winner") else 1
+    status = 0 if summary.get("winner") else 1
+    check = summary.get("isa_check") or {}
+    if check.get("ok") is False:
+        print(f"tuner run: ISA CHECK FAILED: the emitted library {check['library']} does not use "
+              f"the vector registers its build promises: {check['message']}", file=sys.stderr)
+        status = 1
+    rep = summary.get("report") or {}
+    if rep.get("errors"):
+        where = (summary.get("emitted") or {}).get("dir") or summary.get("store")
+        print(f"tuner run: the report is incomplete ({'; '.join(rep['errors'])}); the results "
+              f"are kept in {where}", file=sys.stderr)
+        status = 1
+    return status
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from colibri._lib import build_dir_default
+
+    from . import hostmatch
+    from .report import write_report
+
+    tuned = Path(args.tuned_dir) if args.tuned_dir else None
+    if tuned is None or args.store is None or args.out is None:
+        hid = tuned.name if tuned is not None else hostmatch.host_id()
+        tuned = tuned or build_dir_default() / "tuned" / hid
+        manifest = {}
+        try:
+            manifest = json.loads((tuned / "manifest.json").read_text())
+        except (OSError, ValueError):
+            pass  # the report itself says what is missing
+        hid = (manifest.get("host") or {}).get("host_id") or hid
+        store = args.store or (manifest.get("summary") or {}).get("store")
+        if not store or not Path(store).exists():
+            store = args.store or build_dir_default() / "tuner" / f"results-{hid}.sqlite"
+        out = args.out or Path(__file__).resolve().parent.parent / "reports" / hid
+    else:
+        store, out = args.store, args.out
+    try:
+        res = write_report(store, tuned, out, bench_json=args.bench_json)
+    except OSError as exc:
+        print(f"tuner report: cannot write the report in {out}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        json.dump(res, sys.stdout, indent=1, default=str)
+        print()
+    else:
+        print(f"written: {res['html']}\n         {res['md']}")
+        for what, why in res["missing"]:
+            print(f"  missing {what}: {why}")
+        check = res["isa_check"]
+        if check:
+            verdict = {True: "ok", False: "FAILED", None: "not checked"}[check["ok"]]
+            print(f"  ISA check {verdict}: {check['message']}")
+    for e in res["errors"]:
+        print(f"tuner report: plot failed: {e}", file=sys.stderr)
+    return 1 if res["errors"] else 0
 
 
 def _seconds(text: str) -> float:
@@ -81,7 +139,11 @@ def main(argv: list[str] | None = None) -> int:
                        "SCons, verify against NumPy, time inside C in a worker process), record "
                        "every measurement in the results store, re-time the finalists "
                        "interleaved with the default and emit build/tuned/<host-id>/ "
-                       "(config.h, libcolibri.so, manifest.json).")
+                       "(config.h, libcolibri.so, manifest.json), check that the library's "
+                       "kernels use the vector registers its profile promises, and write the "
+                       "report (reports/<host-id>/).",
+                       epilog="Exit status: 0 ok; 1 no winner, the ISA check failed or the "
+                       "report is incomplete (results kept); 2 usage; 3 store locked.")
     p.add_argument("--quick", action="store_true",
                    help="a small space and short timings (minutes on a 2-core machine)")
     p.add_argument("--budget", type=float, metavar="SECONDS",
@@ -101,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store", help="results store (default: build/tuner/results-<host-id>.sqlite)")
     p.add_argument("--build-dir", help="build root (default: build/)")
     p.add_argument("--no-emit", action="store_true", help="search only; emit nothing")
+    p.add_argument("--no-report", action="store_true",
+                   help="do not write reports/<host-id>/report.html and report.md at the end")
+    p.add_argument("--report-dir", metavar="DIR", help="where the report goes "
+                   "(default: reports/<host-id>)")
     p.add_argument("--no-bandwidth", action="store_true",
                    help="skip the bandwidth probe (no %% of bandwidth in the summary)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -108,6 +174,29 @@ def main(argv: list[str] | None = None) -> int:
                    help="when another run holds the results store, wait for it (at most "
                    "SECONDS when given) instead of exiting with status 3")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("report", help="write the tuning report (HTML page and Markdown) of a "
+                       "results store and a tuned directory",
+                       description="Write <out>/report.html (one self-contained page: plots "
+                       "embedded as PNG data URIs, no network, no script) and <out>/report.md "
+                       "(Markdown, with the plots as PNG files beside it) from the results "
+                       "store, the tuned directory (manifest.json, build_info.json, config.h, "
+                       "libcolibri.so: its kernels are disassembled to check their vector "
+                       "registers) and bench.json when present. Reads files only; missing "
+                       "inputs are named on the page.",
+                       epilog="Exit status: 0 written; 1 a plot could not be drawn (the page "
+                       "says which) or the output directory is not writable; 2 usage.")
+    p.add_argument("--store", metavar="PATH",
+                   help="results store (default: the one the manifest names, else "
+                   "build/tuner/results-<host-id>.sqlite)")
+    p.add_argument("--tuned-dir", metavar="DIR",
+                   help="tuned directory (default: build/tuned/<this host's id>)")
+    p.add_argument("--out", metavar="DIR", help="output directory (default: reports/<host-id>)")
+    p.add_argument("--bench-json", metavar="PATH",
+                   help="tuner bench's JSON (default: <out>/bench.json when present)")
+    p.add_argument("--json", action="store_true",
+                   help="print what was written (paths, ISA check, missing inputs) as JSON")
+    p.set_defaults(func=_cmd_report)
 
     # replay has its own parser (tuner/replay.py); listed here for --help
     sub.add_parser("replay", help="run search strategies against a recorded results store "

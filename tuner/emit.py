@@ -24,7 +24,14 @@ from pathlib import Path
 
 from colibri._lib import ROOT
 
-from . import hostmatch, render
+from . import hostmatch, isacheck, render
+
+# HostInfo fields the manifest carries (the report's host summary reads them)
+HOST_FIELDS = ("host_id", "fingerprint", "vendor", "model_name", "arch", "microarchitecture",
+               "microarchitecture_source", "microarchitecture_reason", "isa", "cores", "threads",
+               "sockets", "caches", "llc_total_bytes", "numa", "hugepages", "bandwidth",
+               "bandwidth_reason", "memory_channels", "memory_channels_reason",
+               "memory_total_bytes", "compilers", "profile", "profile_reason")
 
 ARTIFACTS = ("config.h", "libcolibri.so", "build_info.json", "manifest.json", "colibri_dump_schema")
 
@@ -145,16 +152,18 @@ def emit(t, knobs: dict, summary: dict) -> dict:
         "build_info.json": json.dumps(info, indent=1, sort_keys=True) + "\n"}
     if (built / "colibri_dump_schema").exists():
         files["colibri_dump_schema"] = built / "colibri_dump_schema"
+    # the library must use the vector registers its isa knob and profile promise; the
+    # verdict goes into the manifest, and `tuner run` fails when it is False
+    check = isacheck.check_library(built / "libcolibri.so", isa=knobs.get("isa")).to_dict()
     manifest = {
         "generated_by": "python -m tuner run (do not edit)",
         "signature": sig,
-        "host": {k: t.host.get(k) for k in ("host_id", "fingerprint", "vendor", "model_name",
-                                             "microarchitecture", "isa", "caches", "numa",
-                                             "hugepages", "bandwidth", "memory_channels")},
+        "host": {k: t.host.get(k) for k in HOST_FIELDS},
         "profile": t.profile_name,
         "compiler": summary["compiler"], "cflags": summary["cflags"],
         "ldflags": summary["ldflags"], "notes": summary["notes"],
         "knobs": knobs,
+        "isa_check": check,
         "summary": {k: summary[k] for k in ("strategy", "space_size", "evaluations", "rows",
                                             "winner", "classes", "default", "failed",
                                             "read_bandwidth_gbps", "store")},
@@ -162,4 +171,5 @@ def emit(t, knobs: dict, summary: dict) -> dict:
     files["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n"
     publish(public, files)
     return {"dir": str(public), "config_h": str(public / "config.h"),
-            "library": str(public / "libcolibri.so"), "manifest": str(public / "manifest.json")}
+            "library": str(public / "libcolibri.so"), "manifest": str(public / "manifest.json"),
+            "isa_check": check}
