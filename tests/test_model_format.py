@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import colibri
 from colibri import _lib, quant, reference
 from colibri.model import Model, ModelFormatError
 from colibri.modelfile import (ABSENT, HEADER_FIELDS, TENSOR_FIELDS, field_offsets, patch,
@@ -179,7 +180,7 @@ HEADER_CASES = {
     "dyn_p-nan": ("dyn_p", float("nan"), True, "header.dyn_p (byte 40): nan"),
     "k_min-fixed": ("k_min", 1, True, "header.k_min (byte 44): 1, expected 0 in fixed top-k mode"),
     "k_max-fixed": ("k_max", 2, True, "header.k_max (byte 48): 2, expected 0 in fixed top-k mode"),
-    "weight_dtype": ("weight_dtype", 3, True, "header.weight_dtype (byte 52): 3, expected 0 .. 2"),
+    "weight_dtype": ("weight_dtype", 4, True, "header.weight_dtype (byte 52): 4, expected 0 .. 3"),
     "shared_inter-big": ("shared_inter", 2**20 + 1, True, "header.shared_inter (byte 56): 1048577"),
     "shared_gated-2": ("shared_gated", 2, True, "header.shared_gated (byte 60): 2, expected 0 .. 1"),
     "alignment-npot": ("alignment", 96, True, "header.alignment (byte 64): 96, expected a power of two"),
@@ -669,6 +670,24 @@ def test_python_m_dump_schema_without_the_tool(base, tmp_path, lib):
 
 
 # ------------------------------------------------------------------ round trips
+
+def test_int4_file_matches_the_int4_layer(tmp_path, lib):
+    """An int4 model file holds exactly the bytes MoELayer(weight_dtype="int4") computes
+    with: the file's weights dequantize to quant.roundtrip, and one layer loaded from the
+    file gives bitwise the layer's output plus the residual."""
+    (c,) = stack_cases(1, H=72, I=40, E=6, k=2, seed=12, S=S, gated=True)
+    d = layer_dict(c)
+    p = tmp_path / "m4.colibri"
+    save_model(p, [d], weight_dtype="int4")
+    (back,) = read_layers(p)
+    for k in ("gate", "up", "down", "shared_gate", "shared_up", "shared_down"):
+        np.testing.assert_array_equal(back[k], quant.roundtrip(d[k], "int4"))
+    x = c.inputs(9)
+    layer = colibri.MoELayer(weight_dtype="int4", **{k: v for k, v in d.items()
+                                                     if k not in ("k_min", "k_max", "dyn_p")})
+    with Model.load(p) as m:
+        np.testing.assert_array_equal(m(x), x + layer(x))
+
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "int8"])
 @pytest.mark.parametrize("variant", ["gated-shared", "plain"])
