@@ -1,7 +1,6 @@
 """One `tuner ci` artifact made on a tiny problem and space, shared by test_ci.py and
 test_check.py (made once per test process: a run builds and times real variants)."""
 import contextlib
-import importlib
 import io
 import json
 from pathlib import Path
@@ -32,22 +31,6 @@ def run_ci(argv, report=None):
     return rc, out.getvalue(), err.getvalue()
 
 
-def has_report_module() -> bool:
-    try:
-        return callable(getattr(importlib.import_module("tuner.report"), "write_report", None))
-    except ImportError:
-        return False
-
-
-def stand_in_report(store_path, tuned_dir, out_dir, *, bench_json=None):
-    """Only while tuner/report.py is not in this tree: two files where the report goes."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.html").write_text("<!doctype html><title>stand-in</title>")
-    (out / "report.md").write_text("# stand-in\n")
-    return {"html": out / "report.html", "md": out / "report.md"}
-
-
 def ci_args(root: Path) -> list[str]:
     args = ["--out", str(root / "out"), "--quick", "--problem", PROBLEM, "--min-seconds", "0.05",
             "--no-bandwidth", "--strategy", "exhaustive", "--build-dir", str(root / "build"),
@@ -62,7 +45,7 @@ def artifact(tmp_path_factory) -> dict:
     if not _made:
         root = tmp_path_factory.mktemp("ci")
         args = ci_args(root)
-        rc, out, err = run_ci(args, None if has_report_module() else stand_in_report)
+        rc, out, err = run_ci(args)
         assert rc == 0, err[-4000:]
         _made.update(root=root, args=args, result=json.loads(out), stderr=err)
     return _made

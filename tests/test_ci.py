@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from ci_artifact import ROOT_MEMBERS, artifact, ci_args, has_report_module, run_ci
+from ci_artifact import ROOT_MEMBERS, artifact, ci_args, run_ci
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,13 @@ def test_tarball_holds_every_member_and_nothing_half_written(made):
     name = tarball.name[:-len(".tar.gz")]
     with tarfile.open(tarball) as tar:
         names = tar.getnames()
-        assert sorted(names) == sorted(f"{name}/{m}" for m in ROOT_MEMBERS)
+        plots = [n for n in names if n.startswith(f"{name}/report-") and n.endswith(".png")]
+        assert plots  # the images report.md links, beside it
+        assert sorted(set(names) - set(plots)) == sorted(f"{name}/{m}" for m in ROOT_MEMBERS)
+        md = tar.extractfile(f"{name}/report.md").read().decode()
+        assert all(n.split("/")[-1] in md for n in plots)
+        html = tar.extractfile(f"{name}/report.html").read().decode()
+        assert "data:image/png;base64," in html
         assert sorted(res["members"]) == sorted(names)
         manifest = json.load(tar.extractfile(f"{name}/manifest.json"))
         config = tar.extractfile(f"{name}/config.h").read().decode()
@@ -55,7 +61,6 @@ def test_progress_is_plain_lines(made):
     assert "class decode" in err and "re-timing" in err and "writing the report" in err
 
 
-@pytest.mark.skipif(not has_report_module(), reason="tuner/report.py is not in this tree yet")
 def test_rerun_as_a_ci_job_prints_the_tarball_and_measures_nothing(made):
     args = [a for a in made["args"] if a != "--json"]
     res = subprocess.run([sys.executable, "-m", "tuner", "ci", *args], cwd=ROOT,
@@ -102,3 +107,18 @@ def test_pack_is_atomic(tmp_path):
 def test_bad_options_are_usage_errors(tmp_path):
     rc, out, err = run_ci(["--out", str(tmp_path), "--space", "rows"])
     assert rc == 2 and "--space wants KNOB=V1,V2" in err
+
+
+def test_example_workflow_tunes_each_machine_type_and_uploads_its_tarball():
+    import yaml
+
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "tune.yml").read_text())
+    job = wf["jobs"]["tune"]
+    assert len(job["strategy"]["matrix"]["runner"]) >= 2
+    assert job["runs-on"] == "${{ matrix.runner }}"
+    runs = [st.get("run", "") for st in job["steps"]]
+    assert "scripts/setup && python -m tuner ci --out artifacts --quick" in runs
+    up = [st for st in job["steps"] if st.get("uses", "").startswith("actions/upload-artifact")]
+    assert up and up[0]["with"]["path"] == "artifacts/colibri-*.tar.gz"
+    merge = " ".join(st.get("run", "") for st in wf["jobs"]["registry"]["steps"])
+    assert "python -m tuner merge" in merge and "--into registry.sqlite" in merge

@@ -1,9 +1,9 @@
 """python -m tuner: probe the host, tune the kernels, emit config.h + libcolibri.so.
 
-Commands: probe, profiles, run, replay, bench, ci, check, merge. `python -m tuner COMMAND
---help` for each. Exit status: 0 success; 1 the command failed (message on stderr); 2 usage
-error; 3 the results store is locked by another run; 4 (check) the artifact was built for
-another host or toolchain.
+Commands: probe, profiles, run, replay, bench, report, ci, check, merge.
+`python -m tuner COMMAND --help` for each. Exit status: 0 success; 1 the command
+failed (message on stderr); 2 usage error; 3 the results store is locked by another
+run; 4 (check) the artifact was made for another host or toolchain.
 """
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ def run_config(args: argparse.Namespace, command: str = "run"):
                     max_evals=args.max_evals, budget_s=args.budget, quick=args.quick,
                     threads=args.threads, min_seconds=args.min_seconds, seed=args.seed,
                     emit=not getattr(args, "no_emit", False),
-                    measure_bandwidth=not args.no_bandwidth)
+                    measure_bandwidth=not args.no_bandwidth,
+                    report=not getattr(args, "no_report", False),
+                    report_dir=Path(args.report_dir) if getattr(args, "report_dir", None) else None)
     if args.quick:
         cfg.min_seconds = min(cfg.min_seconds, 0.3)
         cfg.retime_rounds = 3
@@ -71,7 +73,62 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print()
     else:
         print_summary(summary)
-    return 0 if summary.get("winner") else 1
+    status = 0 if summary.get("winner") else 1
+    check = summary.get("isa_check") or {}
+    if check.get("ok") is False:
+        print(f"tuner run: ISA CHECK FAILED: the emitted library {check['library']} does not use "
+              f"the vector registers its build promises: {check['message']}", file=sys.stderr)
+        status = 1
+    rep = summary.get("report") or {}
+    if rep.get("errors"):
+        where = (summary.get("emitted") or {}).get("dir") or summary.get("store")
+        print(f"tuner run: the report is incomplete ({'; '.join(rep['errors'])}); the results "
+              f"are kept in {where}", file=sys.stderr)
+        status = 1
+    return status
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from colibri._lib import build_dir_default
+
+    from . import hostmatch
+    from .report import write_report
+
+    tuned = Path(args.tuned_dir) if args.tuned_dir else None
+    if tuned is None or args.store is None or args.out is None:
+        hid = tuned.name if tuned is not None else hostmatch.host_id()
+        tuned = tuned or build_dir_default() / "tuned" / hid
+        manifest = {}
+        try:
+            manifest = json.loads((tuned / "manifest.json").read_text())
+        except (OSError, ValueError):
+            pass  # the report itself says what is missing
+        hid = (manifest.get("host") or {}).get("host_id") or hid
+        store = args.store or (manifest.get("summary") or {}).get("store")
+        if not store or not Path(store).exists():
+            store = args.store or build_dir_default() / "tuner" / f"results-{hid}.sqlite"
+        out = args.out or Path(__file__).resolve().parent.parent / "reports" / hid
+    else:
+        store, out = args.store, args.out
+    try:
+        res = write_report(store, tuned, out, bench_json=args.bench_json)
+    except OSError as exc:
+        print(f"tuner report: cannot write the report in {out}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        json.dump(res, sys.stdout, indent=1, default=str)
+        print()
+    else:
+        print(f"written: {res['html']}\n         {res['md']}")
+        for what, why in res["missing"]:
+            print(f"  missing {what}: {why}")
+        check = res["isa_check"]
+        if check:
+            verdict = {True: "ok", False: "FAILED", None: "not checked"}[check["ok"]]
+            print(f"  ISA check {verdict}: {check['message']}")
+    for e in res["errors"]:
+        print(f"tuner report: plot failed: {e}", file=sys.stderr)
+    return 1 if res["errors"] else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,11 +148,42 @@ def main(argv: list[str] | None = None) -> int:
                        "SCons, verify against NumPy, time inside C in a worker process), record "
                        "every measurement in the results store, re-time the finalists "
                        "interleaved with the default and emit build/tuned/<host-id>/ "
-                       "(config.h, libcolibri.so, manifest.json).")
+                       "(config.h, libcolibri.so, manifest.json), check that the library's "
+                       "kernels use the vector registers its profile promises, and write the "
+                       "report (reports/<host-id>/).",
+                       epilog="Exit status: 0 ok; 1 no winner, the ISA check failed or the "
+                       "report is incomplete (results kept); 2 usage; 3 store locked.")
     add_run_options(p)
     p.add_argument("--no-emit", action="store_true", help="search only; emit nothing")
+    p.add_argument("--no-report", action="store_true",
+                   help="do not write reports/<host-id>/report.html and report.md at the end")
+    p.add_argument("--report-dir", metavar="DIR", help="where the report goes "
+                   "(default: reports/<host-id>)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("report", help="write the tuning report (HTML page and Markdown) of a "
+                       "results store and a tuned directory",
+                       description="Write <out>/report.html (one self-contained page: plots "
+                       "embedded as PNG data URIs, no network, no script) and <out>/report.md "
+                       "(Markdown, with the plots as PNG files beside it) from the results "
+                       "store, the tuned directory (manifest.json, build_info.json, config.h, "
+                       "libcolibri.so: its kernels are disassembled to check their vector "
+                       "registers) and bench.json when present. Reads files only; missing "
+                       "inputs are named on the page.",
+                       epilog="Exit status: 0 written; 1 a plot could not be drawn (the page "
+                       "says which) or the output directory is not writable; 2 usage.")
+    p.add_argument("--store", metavar="PATH",
+                   help="results store (default: the one the manifest names, else "
+                   "build/tuner/results-<host-id>.sqlite)")
+    p.add_argument("--tuned-dir", metavar="DIR",
+                   help="tuned directory (default: build/tuned/<this host's id>)")
+    p.add_argument("--out", metavar="DIR", help="output directory (default: reports/<host-id>)")
+    p.add_argument("--bench-json", metavar="PATH",
+                   help="tuner bench's JSON (default: <out>/bench.json when present)")
+    p.add_argument("--json", action="store_true",
+                   help="print what was written (paths, ISA check, missing inputs) as JSON")
+    p.set_defaults(func=_cmd_report)
 
     from . import check, ci, registry
 

@@ -8,7 +8,8 @@ holds:
   libcolibri.so     built from it (build_info.json beside it: the ISA it needs)
   colibri.h         the C API (kernels/colibri.h)
   manifest.json     host, profile, compiler, flags, signature parts, winners, figures
-  report.html       the report page (tuner.report), report.md its summary
+  report.html       the report page (tuner.report), report.md its summary and
+  report-*.png      the plots report.md links
   results.sqlite    a snapshot of the results store (the input of `tuner merge`)
 
 Made for machines without a terminal: progress goes to stderr as plain lines, never
@@ -45,8 +46,8 @@ def add_command(sub) -> None:
     p = sub.add_parser("ci", help="tune, report and pack a per-machine artifact (for CI jobs)",
                        description="Run `tuner run` (same options), write the report and pack "
                        "DIR/colibri-<profile>-<host-id>.tar.gz: config.h, libcolibri.so, "
-                       "build_info.json, colibri.h, manifest.json, report.html, report.md and "
-                       "results.sqlite (a snapshot of the results store). Progress goes to stderr "
+                       "build_info.json, colibri.h, manifest.json, report.html, report.md (with "
+                       "its plots) and results.sqlite (a snapshot of the results store). Progress goes to stderr "
                        "as plain lines; stdout gets the tarball's path (or, with --json, one "
                        "JSON object).",
                        epilog="Exit status: 0 artifact written; 1 failed; 2 usage; 3 store locked.")
@@ -124,6 +125,8 @@ def build_artifact(summary: dict, out_dir: Path, write_report, say) -> dict:
             rep = write_report(Path(summary["store"]), tuned, stage / "report")
         except Exception as exc:  # the report's own failure, named as such
             raise CIError(f"writing the report failed: {type(exc).__name__}: {exc}") from exc
+        if rep.get("errors"):
+            raise CIError(f"the report is incomplete: {'; '.join(map(str, rep['errors']))}")
         snap = stage / "results.sqlite"
         with Store(summary["store"], readonly=True) as st:
             st.snapshot(snap)
@@ -132,6 +135,10 @@ def build_artifact(summary: dict, out_dir: Path, write_report, say) -> dict:
                  "manifest.json": tuned / "manifest.json",
                  "report.html": Path(rep.get("html", "")), "report.md": Path(rep.get("md", "")),
                  "results.sqlite": snap}
+        # the plots report.md links, beside it as in the report directory
+        for plot in (rep.get("plots") or {}).values():
+            if plot:
+                files[Path(plot).name] = Path(plot)
         missing = [m for m, p in files.items() if not p.is_file()]
         if missing:
             raise CIError(f"cannot pack {name}: missing {', '.join(missing)} "
@@ -152,6 +159,7 @@ def main(args: argparse.Namespace) -> int:
     if isinstance(cfg, int):
         return cfg
     cfg.emit = True
+    cfg.report = False  # written below, into the artifact, not into reports/
     cfg.log = say
     out_dir = Path(args.out)
     try:
@@ -160,6 +168,10 @@ def main(args: argparse.Namespace) -> int:
         summary = run(cfg)
         if not summary.get("winner"):
             raise CIError("no variant passed verification; nothing to pack")
+        isa = summary.get("isa_check") or {}
+        if isa.get("ok") is False:
+            raise CIError(f"ISA CHECK FAILED: the emitted library {isa.get('library')} does not "
+                          f"use the vector registers its build promises: {isa.get('message')}")
         if not args.json:
             print_summary(summary, out=sys.stderr)
         art = build_artifact(summary, out_dir, write_report, say)

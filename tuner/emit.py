@@ -14,7 +14,14 @@ from pathlib import Path
 
 from colibri._lib import ROOT
 
-from . import hostmatch, render
+from . import hostmatch, isacheck, render
+
+# HostInfo fields the manifest carries (the report's host summary reads them)
+HOST_FIELDS = ("host_id", "fingerprint", "vendor", "model_name", "arch", "microarchitecture",
+               "microarchitecture_source", "microarchitecture_reason", "isa", "cores", "threads",
+               "sockets", "caches", "llc_total_bytes", "numa", "hugepages", "bandwidth",
+               "bandwidth_reason", "memory_channels", "memory_channels_reason",
+               "memory_total_bytes", "compilers", "profile", "profile_reason")
 
 
 def _atomic_copy(src: Path, dst: Path) -> None:
@@ -42,12 +49,13 @@ def emit(t, knobs: dict, summary: dict) -> dict:
     _atomic_copy(built / "build_info.json", out / "build_info.json")
     if (built / "colibri_dump_schema").exists():
         _atomic_copy(built / "colibri_dump_schema", out / "colibri_dump_schema")
+    # the library must use the vector registers its isa knob and profile promise; the
+    # verdict goes into the manifest, and `tuner run` fails when it is False
+    check = isacheck.check_library(out / "libcolibri.so", isa=knobs.get("isa")).to_dict()
     manifest = {
         "generated_by": "python -m tuner run (do not edit)",
         "signature": sig,
-        "host": {k: t.host.get(k) for k in ("host_id", "fingerprint", "vendor", "model_name",
-                                             "microarchitecture", "isa", "caches", "numa",
-                                             "hugepages", "bandwidth", "memory_channels")},
+        "host": {k: t.host.get(k) for k in HOST_FIELDS},
         "profile": t.profile_name,
         "compiler": summary["compiler"], "cflags": summary["cflags"],
         "ldflags": summary["ldflags"], "notes": summary["notes"],
@@ -56,6 +64,7 @@ def emit(t, knobs: dict, summary: dict) -> dict:
         "signature_parts": signature_parts(knobs, t),
         # how the figures were measured, so that `tuner check` re-times alike
         "measure": {k: summary.get(k) for k in ("threads", "seed", "min_seconds")},
+        "isa_check": check,
         "summary": {k: summary[k] for k in ("strategy", "space_size", "evaluations", "rows",
                                             "winner", "classes", "default", "failed",
                                             "read_bandwidth_gbps", "store")},
@@ -63,7 +72,7 @@ def emit(t, knobs: dict, summary: dict) -> dict:
     render.atomic_write(out / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True,
                                                           default=str) + "\n")
     return {"dir": str(out), "config_h": str(config), "library": str(out / "libcolibri.so"),
-            "manifest": str(out / "manifest.json")}
+            "manifest": str(out / "manifest.json"), "isa_check": check}
 
 
 def signature_parts(knobs: dict, t) -> dict:

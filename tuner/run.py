@@ -71,6 +71,8 @@ class RunConfig:
     registry: Path | None = None         # a merged store: seed each class from its best rows
     registry_top: int = 3                # how many registry variants per class
     log: object = None                   # callable(str) for progress; default stderr
+    report: bool = True                  # write the report at the end (tuner/report.py)
+    report_dir: Path | None = None       # default reports/<host-id>/
     measure_bandwidth: bool = True       # probe the read bandwidth (for "% of bandwidth")
 
 
@@ -100,6 +102,7 @@ class Tuner:
         self.work = Path(cfg.build_dir) / "tuner"
         self.store_path = Path(cfg.store_path or self.work / f"results-{self.host_id}.sqlite")
         self.store = Store(self.store_path, exclusive=True)
+        self.strategy = None   # the search strategy of the class being tuned (recorded per row)
         self.measured = 0      # variants measured in this run (not from the store)
         self.from_store = 0
 
@@ -204,7 +207,8 @@ class Tuner:
                                "compiler": self.resolved.compiler.family,
                                "compiler_version": self.resolved.version,
                                "microarchitecture": self.host.get("microarchitecture"),
-                               "threads": self.cfg.threads or os.cpu_count()},
+                               "threads": self.cfg.threads or os.cpu_count(),
+                               "strategy": self.strategy},
                         host_id=self.host_id, profile=self.profile_name, created=time.time())
         self.store.put(m)
         return m
@@ -261,9 +265,35 @@ def run(cfg: RunConfig, host: dict | None = None) -> dict:
         summary = _summary(t, classes, base, time.perf_counter() - t0)
         if cfg.emit and summary["winner"] is not None:
             summary["emitted"] = emit.emit(t, base, summary)
-        return summary
+            summary["isa_check"] = summary["emitted"]["isa_check"]
+            check = summary["isa_check"]
+            if check["ok"] is False:
+                t.say(f"ISA CHECK FAILED: {check['library']}: {check['message']}")
+            elif check["ok"] is None:
+                t.say(f"warning: ISA check {check['message']}")
     finally:
         t.store.close()
+    if cfg.report:
+        summary["report"] = _write_report(t, summary)
+    return summary
+
+
+def _write_report(t: Tuner, summary: dict) -> dict:
+    """The report after the run: its failure is recorded in the summary, never raised,
+    so the measurements (already in the store) and the emitted files stay reported."""
+    from . import hostmatch, report
+
+    out = Path(t.cfg.report_dir or Path(ROOT) / "reports" / t.host_id)
+    tuned = (summary.get("emitted") or {}).get("dir") or hostmatch.tuned_dir(t.cfg.build_dir)
+    try:
+        res = report.write_report(t.store_path, tuned, out)
+    except Exception as exc:  # e.g. an unwritable reports/ directory
+        t.say(f"report: not written: {type(exc).__name__}: {exc}")
+        return {"html": None, "md": None, "errors": [f"{type(exc).__name__}: {exc}"]}
+    for e in res["errors"]:
+        t.say(f"report: {e}")
+    t.say(f"report: {res['html']}")
+    return {"html": str(res["html"]), "md": str(res["md"]), "errors": res["errors"]}
 
 
 def _tune_class(t: Tuner, cls: str, base: dict) -> dict:
@@ -284,6 +314,7 @@ def _tune_class(t: Tuner, cls: str, base: dict) -> dict:
         max_evals = len({variant_id(space.normalise(k)) for k in start})
     budget = search.Budget(max_evals=max_evals, max_seconds=cfg.budget_s)
     name = cfg.strategy or search.choose_default(space, budget)
+    t.strategy = name
     t.say(f"class {cls}: {', '.join(p.name for p in t.problems)}; {space.size()} variant(s), "
           f"strategy {name}, {budget}")
     # the class's default goes first (its knobs at the profile's defaults, the knobs of
@@ -469,7 +500,8 @@ def _summary(t: Tuner, classes: list[dict], knobs: dict, wall: float) -> dict:
     }
 
 
-def print_summary(summary: dict, out=sys.stdout) -> None:
+def print_summary(summary: dict, out=None) -> None:
+    out = out or sys.stdout  # looked up at call time: stdout may have been replaced
     w = summary.get("winner")
     print(f"\nhost {summary['host_id']}  profile {summary['profile']}  "
           f"strategy {summary['strategy']}  evaluated {summary['evaluations']} of "
@@ -499,6 +531,14 @@ def print_summary(summary: dict, out=sys.stdout) -> None:
         print(f"{len(summary['failed'])} failed measurement(s) recorded (see the manifest)", file=out)
     if summary.get("emitted"):
         print(f"emitted: {summary['emitted']['dir']}", file=out)
+    check = summary.get("isa_check")
+    if check:
+        verdict = {True: "ok", False: "FAILED", None: "not checked"}[check["ok"]]
+        print(f"ISA check {verdict}: {check['message']}", file=out)
+    rep = summary.get("report")
+    if rep and rep.get("html"):
+        print(f"report: {rep['html']}" + (f" ({len(rep['errors'])} plot(s) failed)"
+                                          if rep["errors"] else ""), file=out)
 
 
 def signature_of_config(knobs: dict, t: Tuner) -> str:
