@@ -115,3 +115,24 @@ def test_tarball_members_outside_the_archive_are_refused(tmp_path):
     rc, out, err = check(str(evil))
     assert rc == 1 and "refusing tar member '../escape'" in err
     assert not (tmp_path.parent / "escape").exists()
+
+
+def test_unknown_profile_is_a_mismatch_not_a_crash(made, tmp_path):
+    d = unpacked(made, tmp_path)
+    m = json.loads((d / "manifest.json").read_text())
+    m["profile"] = m["signature_parts"]["profile"] = "no-such-profile"
+    m["signature"] = config_signature(m["signature_parts"])
+    (d / "manifest.json").write_text(json.dumps(m))
+    rc, out, err = check(str(d))  # not re-timed: its profile cannot be resolved here
+    assert rc == 4, err
+    assert "cannot run here" in out and "no-such-profile" in out and "not re-timed" in out
+
+
+def test_manifest_without_signature_parts_is_compared_by_its_fields():
+    from tuner.check import artifact_parts
+
+    old = {"profile": "zen4", "knobs": {}, "host": {"fingerprint": "ab", "microarchitecture": "zen4"},
+           "compiler": {"family": "gcc", "version": "12.2.0"}, "cflags": ["-O3"], "ldflags": ["-lm"]}
+    assert artifact_parts(old) == {"host": "ab", "microarchitecture": "zen4", "profile": "zen4",
+                                   "compiler": "gcc", "compiler_version": "12.2.0",
+                                   "flags": ["-O3", "-lm"], "template": None}

@@ -71,6 +71,12 @@ def test_merge_refuses_a_bad_source_before_writing(tmp_path):
     rc, out, err = cli("merge", str(a), str(tmp_path / "missing.sqlite"), "--into", str(reg))
     assert rc == 1 and "does not exist" in err and not reg.exists()
 
+    rc, out, err = cli("run", "--from-registry", str(junk), "--store", str(tmp_path / "s.sqlite"))
+    assert rc == 2 and "--from-registry" in err and "not a results store" in err
+    assert not (tmp_path / "s.sqlite").exists()  # refused before anything ran
+    rc, out, err = cli("run", "--from-registry", str(tmp_path / "missing.sqlite"))
+    assert rc == 2 and "does not exist" in err
+
 
 def test_seeds_come_from_the_same_kind_of_host_only(tmp_path):
     rows = [

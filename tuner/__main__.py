@@ -48,6 +48,13 @@ def run_config(args: argparse.Namespace, command: str = "run"):
         if not reg.is_file():
             print(f"tuner {command}: registry {reg} does not exist", file=sys.stderr)
             return 2
+        from .store import Store, StoreError
+
+        try:  # a foreign file or another schema version: say so now, not mid-run
+            Store(reg, readonly=True).close()
+        except StoreError as exc:
+            print(f"tuner {command}: --from-registry: {exc}", file=sys.stderr)
+            return 2
         if args.registry_top < 1:
             print(f"tuner {command}: --registry-top wants a count >= 1", file=sys.stderr)
             return 2

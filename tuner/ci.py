@@ -120,7 +120,7 @@ def build_artifact(summary: dict, out_dir: Path, write_report, say) -> dict:
     name = artifact_name(summary["profile"], summary["host_id"])
     with tempfile.TemporaryDirectory(prefix=".stage-", dir=out_dir) as stage:
         stage = Path(stage)
-        say(f"writing the report")
+        say("writing the report")
         try:
             rep = write_report(Path(summary["store"]), tuned, stage / "report")
         except Exception as exc:  # the report's own failure, named as such
