@@ -107,6 +107,15 @@ def test_seeds_come_from_the_same_kind_of_host_only(tmp_path):
     assert found["unmatched"] == {"other compiler or major version": 2,
                                   "other microarchitecture": 1, "other profile": 1,
                                   "no compiler/microarchitecture recorded": 1}
+    # knobs another class tunes are not part of a variant here: hosts a and b pool by rows
+    pooled = store_with(tmp_path / "pooled.sqlite", [
+        Measurement(**{**r.__dict__, "key": r.key + "x",
+                       "knobs": {**r.knobs, "prefill_rows": 1 if r.host_id == "a" else 4}})
+        for r in rows[:4]])
+    found = seed_variants(pooled, kernel="expert_ffn", problems=[P1, P2], profile="zen4",
+                          microarchitecture="zen4", compiler="gcc", compiler_version="12",
+                          ignore=("prefill_rows",))
+    assert [(s.knobs, s.hosts) for s in found["seeds"]] == [({"isa": "avx512", "rows": 4}, ("a", "b"))]
     with pytest.raises(Exception, match="does not exist"):
         seed_variants(tmp_path / "nope.sqlite", kernel="expert_ffn", problems=[P1],
                       profile="zen4", microarchitecture="zen4", compiler="gcc",

@@ -68,12 +68,14 @@ class Seed:
 
 def seed_variants(registry: str | os.PathLike, *, kernel: str, problems: list[str],
                   profile: str, microarchitecture: str | None, compiler: str,
-                  compiler_version: str, top: int = 3) -> dict:
+                  compiler_version: str, top: int = 3, ignore: tuple[str, ...] = ()) -> dict:
     """The `top` best variants the registry knows for these problems on this kind of host.
 
     A variant qualifies when it has an ok row for every problem from matching hosts;
     its cost is the geometric mean over problems of the median over those rows (so
-    ranking agrees with tuner run's cost). Returns {"seeds": [Seed], "matching_rows",
+    ranking agrees with tuner run's cost). Knobs named in `ignore` (those another kernel
+    class tunes, which differ between hosts) are left out of a variant's identity, so
+    hosts that agree on this class's knobs pool their rows. Returns {"seeds": [Seed], "matching_rows",
     "rows", "unmatched": {reason: count}}."""
     path = Path(registry)
     if not path.is_file():
@@ -99,8 +101,9 @@ def seed_variants(registry: str | os.PathLike, *, kernel: str, problems: list[st
         if why:
             unmatched[why] = unmatched.get(why, 0) + 1
             continue
-        vid = m.variant
-        knobs_of[vid] = dict(m.knobs)
+        knobs = {k: v for k, v in m.knobs.items() if k not in ignore}
+        vid = variant_id(knobs)
+        knobs_of[vid] = knobs
         per.setdefault(vid, {}).setdefault(m.problem, []).append(m.median_s)
         hosts_of.setdefault(vid, set()).add(m.host_id)
     seeds = []

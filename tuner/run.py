@@ -339,18 +339,15 @@ def _registry_seeds(t: Tuner, cls: str, base: dict, space) -> dict:
     `space` (the class's knobs from the registry row, every other knob from `base`)."""
     from . import registry
 
+    tuned_elsewhere = set(CLASSES["decode"] + CLASSES["prefill"]) - set(CLASSES[cls])
     found = registry.seed_variants(
         t.cfg.registry, kernel=KERNEL, problems=[p.name for p in t.problems],
         profile=t.profile_name, microarchitecture=t.host.get("microarchitecture"),
         compiler=t.resolved.compiler.family, compiler_version=t.resolved.version,
-        top=t.cfg.registry_top)
-    mine = set(CLASSES[cls])
-    tuned_elsewhere = set(CLASSES["decode"] + CLASSES["prefill"]) - mine
+        top=t.cfg.registry_top, ignore=tuple(tuned_elsewhere))
     points, taken, outside = [], [], 0
     for s in found["seeds"]:
-        point = {k: (base[k] if k in tuned_elsewhere and k in base else v)
-                 for k, v in s.knobs.items()}
-        point = {**base, **point}
+        point = {**base, **s.knobs}  # this host's choices for the other classes' knobs
         if not space.contains(point):
             outside += 1
             continue
