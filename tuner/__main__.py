@@ -1,9 +1,9 @@
 """python -m tuner: probe the host, tune the kernels, emit config.h + libcolibri.so.
 
-Commands: probe, profiles, run, replay, bench, report, soak. `python -m tuner COMMAND --help`
-for each.
-Exit status: 0 success; 1 the command failed (message on stderr); 2 usage error;
-3 the results store is locked by another run.
+Commands: probe, profiles, run, replay, bench, report, soak, ci, check, merge.
+`python -m tuner COMMAND --help` for each. Exit status: 0 success; 1 the command
+failed (message on stderr); 2 usage error; 3 the results store is locked by another
+run; 4 (check) the artifact was made for another host or toolchain.
 """
 from __future__ import annotations
 
@@ -13,20 +13,21 @@ import sys
 from pathlib import Path
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def run_config(args: argparse.Namespace, command: str = "run"):
+    """The RunConfig of parsed run options (add_run_options); an int exit status on bad input."""
     from . import problems
-    from .run import RunConfig, print_summary, run
-    from .store import StoreLocked
+    from .run import RunConfig
 
     probs = tuple(args.problem) if args.problem else (
         problems.QUICK_PROBLEMS if args.quick else problems.DEFAULT_PROBLEMS)
     cfg = RunConfig(profile=args.profile, problems=probs, strategy=args.strategy,
                     max_evals=args.max_evals, budget_s=args.budget, quick=args.quick,
                     threads=args.threads, min_seconds=args.min_seconds, seed=args.seed,
-                    emit=not args.no_emit, measure_bandwidth=not args.no_bandwidth,
-                    wait=False if args.wait is None else args.wait,
-                    report=not args.no_report,
-                    report_dir=Path(args.report_dir) if args.report_dir else None)
+                    emit=not getattr(args, "no_emit", False),
+                    measure_bandwidth=not args.no_bandwidth,
+                    wait=False if getattr(args, "wait", None) is None else args.wait,
+                    report=not getattr(args, "no_report", False),
+                    report_dir=Path(args.report_dir) if getattr(args, "report_dir", None) else None)
     if args.quick:
         cfg.min_seconds = min(cfg.min_seconds, 0.3)
         cfg.retime_rounds = 3
@@ -35,7 +36,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         for item in args.space:
             name, _, values = item.partition("=")
             if not values:
-                print(f"tuner run: --space wants KNOB=V1,V2,..., got {item!r}", file=sys.stderr)
+                print(f"tuner {command}: --space wants KNOB=V1,V2,..., got {item!r}", file=sys.stderr)
                 return 2
             restrict[name] = [int(v) if v.lstrip("-").isdigit() else v for v in values.split(",")]
         cfg.space_overrides = restrict
@@ -43,6 +44,33 @@ def _cmd_run(args: argparse.Namespace) -> int:
         cfg.store_path = Path(args.store)
     if args.build_dir:
         cfg.build_dir = Path(args.build_dir)
+    if args.from_registry:
+        reg = Path(args.from_registry)
+        if not reg.is_file():
+            print(f"tuner {command}: registry {reg} does not exist", file=sys.stderr)
+            return 2
+        from .store import Store, StoreError
+
+        try:  # a foreign file or another schema version: say so now, not mid-run
+            Store(reg, readonly=True).close()
+        except StoreError as exc:
+            print(f"tuner {command}: --from-registry: {exc}", file=sys.stderr)
+            return 2
+        if args.registry_top < 1:
+            print(f"tuner {command}: --registry-top wants a count >= 1", file=sys.stderr)
+            return 2
+        cfg.registry = reg
+        cfg.registry_top = args.registry_top
+    return cfg
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .run import print_summary, run
+    from .store import StoreLocked
+
+    cfg = run_config(args)
+    if isinstance(cfg, int):
+        return cfg
     try:
         summary = run(cfg)
     except StoreLocked as exc:
@@ -125,7 +153,8 @@ def _seconds(text: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tuner", description=__doc__.split("\n")[0],
-                                     epilog="Exit status: 0 ok; 1 failed; 2 usage; 3 store locked.")
+                                     epilog="Exit status: 0 ok; 1 failed; 2 usage; 3 store locked; "
+                                     "4 artifact for another host/toolchain (check).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     try:
@@ -144,31 +173,12 @@ def main(argv: list[str] | None = None) -> int:
                        "report (reports/<host-id>/).",
                        epilog="Exit status: 0 ok; 1 no winner, the ISA check failed or the "
                        "report is incomplete (results kept); 2 usage; 3 store locked.")
-    p.add_argument("--quick", action="store_true",
-                   help="a small space and short timings (minutes on a 2-core machine)")
-    p.add_argument("--budget", type=float, metavar="SECONDS",
-                   help="stop searching after this much wall time")
-    p.add_argument("--max-evals", type=int, help="stop after this many variants")
-    p.add_argument("--strategy", choices=["exhaustive", "random", "annealing", "tpe"],
-                   help="search strategy (default: exhaustive when the space fits the budget)")
-    p.add_argument("--problem", action="append", metavar="SHAPE/PHASE/DTYPE",
-                   help="problem to tune for (repeatable), e.g. qwen3-30b-a3b/decode/bf16")
-    p.add_argument("--profile", help="target profile (default: this host's)")
-    p.add_argument("--space", action="append", metavar="KNOB=V1,V2",
-                   help="restrict a knob to these values (repeatable)")
-    p.add_argument("--threads", type=int, help="threads per layer call (default: all CPUs)")
-    p.add_argument("--min-seconds", type=float, default=0.5,
-                   help="timing per variant and problem (default 0.5)")
-    p.add_argument("--seed", type=int, default=0, help="seed of weights, inputs and search")
-    p.add_argument("--store", help="results store (default: build/tuner/results-<host-id>.sqlite)")
-    p.add_argument("--build-dir", help="build root (default: build/)")
+    add_run_options(p)
     p.add_argument("--no-emit", action="store_true", help="search only; emit nothing")
     p.add_argument("--no-report", action="store_true",
                    help="do not write reports/<host-id>/report.html and report.md at the end")
     p.add_argument("--report-dir", metavar="DIR", help="where the report goes "
                    "(default: reports/<host-id>)")
-    p.add_argument("--no-bandwidth", action="store_true",
-                   help="skip the bandwidth probe (no %% of bandwidth in the summary)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--wait", nargs="?", type=_seconds, const=True, metavar="SECONDS",
                    help="when another run holds the results store, wait for it (at most "
@@ -198,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="print what was written (paths, ISA check, missing inputs) as JSON")
     p.set_defaults(func=_cmd_report)
 
+    from . import check, ci, registry
+
+    ci.add_command(sub)
+    check.add_command(sub)
+    registry.add_command(sub)
+
     # replay has its own parser (tuner/replay.py); listed here for --help
     sub.add_parser("replay", help="run search strategies against a recorded results store "
                    "(python -m tuner replay --help)")
@@ -223,6 +239,36 @@ def main(argv: list[str] | None = None) -> int:
         return bench.main(argv[1:])
     args = parser.parse_args(argv)
     return args.func(args)
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """The options of a tuning run, shared by `run` and `ci`."""
+    p.add_argument("--quick", action="store_true",
+                   help="a small space and short timings (minutes on a 2-core machine)")
+    p.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="stop searching after this much wall time")
+    p.add_argument("--max-evals", type=int, help="stop after this many variants")
+    p.add_argument("--strategy", choices=["exhaustive", "random", "annealing", "tpe"],
+                   help="search strategy (default: exhaustive when the space fits the budget)")
+    p.add_argument("--problem", action="append", metavar="SHAPE/PHASE/DTYPE",
+                   help="problem to tune for (repeatable), e.g. qwen3-30b-a3b/decode/bf16")
+    p.add_argument("--profile", help="target profile (default: this host's)")
+    p.add_argument("--space", action="append", metavar="KNOB=V1,V2",
+                   help="restrict a knob to these values (repeatable)")
+    p.add_argument("--threads", type=int, help="threads per layer call (default: all CPUs)")
+    p.add_argument("--min-seconds", type=float, default=0.5,
+                   help="timing per variant and problem (default 0.5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights, inputs and search")
+    p.add_argument("--store", help="results store (default: build/tuner/results-<host-id>.sqlite)")
+    p.add_argument("--build-dir", help="build root (default: build/)")
+    p.add_argument("--no-bandwidth", action="store_true",
+                   help="skip the bandwidth probe (no %% of bandwidth in the summary)")
+    p.add_argument("--from-registry", metavar="REGISTRY",
+                   help="a merged results store (tuner merge): start each search from the best "
+                   "variants that hosts of the same profile, microarchitecture and compiler "
+                   "(major version) found, measure those here, and stop")
+    p.add_argument("--registry-top", type=int, default=3, metavar="N",
+                   help="registry variants taken per kernel class (default 3)")
 
 
 if __name__ == "__main__":

@@ -163,6 +163,10 @@ def emit(t, knobs: dict, summary: dict) -> dict:
         "compiler": summary["compiler"], "cflags": summary["cflags"],
         "ldflags": summary["ldflags"], "notes": summary["notes"],
         "knobs": knobs,
+        # what `tuner check` compares with another host (tuner.signature.signature_payload)
+        "signature_parts": signature_parts(knobs, t),
+        # how the figures were measured, so that `tuner check` re-times alike
+        "measure": {k: summary.get(k) for k in ("threads", "seed", "min_seconds")},
         "isa_check": check,
         "summary": {k: summary[k] for k in ("strategy", "space_size", "evaluations", "rows",
                                             "winner", "classes", "default", "failed",
@@ -173,3 +177,17 @@ def emit(t, knobs: dict, summary: dict) -> dict:
     return {"dir": str(public), "config_h": str(public / "config.h"),
             "library": str(public / "libcolibri.so"), "manifest": str(public / "manifest.json"),
             "isa_check": check}
+
+
+def signature_parts(knobs: dict, t) -> dict:
+    """The config.h signature's parts, with the microarchitecture and profile beside them."""
+    from .signature import signature_payload
+
+    parts = signature_payload(host_fingerprint=t.host["fingerprint"],
+                              compiler=t.resolved.compiler.family,
+                              compiler_version=t.resolved.version,
+                              flags=list(t.resolved.cflags) + list(t.resolved.ldflags),
+                              template_source=t.template_text, knobs=knobs, problem={})
+    parts["microarchitecture"] = t.host.get("microarchitecture")
+    parts["profile"] = t.profile_name
+    return parts

@@ -68,6 +68,8 @@ class RunConfig:
     inject: dict | None = None           # tests: {vid or "*": fault} for the worker
     space_overrides: dict | None = None  # restrict knobs: {knob: [values]}
     start_points: tuple[dict, ...] = ()  # seeds for the search (e.g. from a registry)
+    registry: Path | None = None         # a merged store: seed each class from its best rows
+    registry_top: int = 3                # how many registry variants per class
     log: object = None                   # callable(str) for progress; default stderr
     report: bool = True                  # write the report at the end (tuner/report.py)
     report_dir: Path | None = None       # default reports/<host-id>/
@@ -210,6 +212,11 @@ class Tuner:
                         knobs=dict(knobs), status=status, reason=reason, median_s=med,
                         spread=spread, samples=len(samples), gbps=gbps, bw_fraction=frac,
                         extra={"max_rel_err": err, "gflops": (prob.flops / med / 1e9) if med else None,
+                               # what a registry matches rows of other machines on
+                               "compiler": self.resolved.compiler.family,
+                               "compiler_version": self.resolved.version,
+                               "microarchitecture": self.host.get("microarchitecture"),
+                               "threads": self.cfg.threads or os.cpu_count(),
                                "strategy": self.strategy},
                         host_id=self.host_id, profile=self.profile_name, created=time.time())
         self.store.put(m)
@@ -333,8 +340,15 @@ def _tune_class(t: Tuner, cls: str, base: dict) -> dict:
 
     cfg = t.cfg
     space = t.class_space(cls, base)
-    budget = search.Budget(max_evals=cfg.max_evals or (space.size() if cfg.quick else None),
-                           max_seconds=cfg.budget_s)
+    seeded = _registry_seeds(t, cls, base, space) if cfg.registry else None
+    seeds = tuple(seeded["points"]) if seeded else ()
+    start = [k for k in (base, *seeds, *cfg.start_points) if space.contains(k)]
+    max_evals = cfg.max_evals or (space.size() if cfg.quick else None)
+    if seeds and not cfg.max_evals:
+        # stop once the start points (this class's base and the registry's variants)
+        # are measured here: the registry's search already covered the rest
+        max_evals = len({variant_id(space.normalise(k)) for k in start})
+    budget = search.Budget(max_evals=max_evals, max_seconds=cfg.budget_s)
     name = cfg.strategy or search.choose_default(space, budget)
     t.strategy = name
     t.say(f"class {cls}: {', '.join(p.name for p in t.problems)}; {space.size()} variant(s), "
@@ -344,8 +358,8 @@ def _tune_class(t: Tuner, cls: str, base: dict) -> dict:
     baseline = {**base, **{k: t.default[k] for k in CLASSES[cls] if k in t.default}}
     default_cost = t.evaluate(baseline, t.build([baseline]))
     # exhaustive search knows its points up front: build them ahead, a chunk at a time
-    prebuilt = _Ahead(t, list(space.points()) if name == "exhaustive" else [])
-    start = [k for k in (base, *cfg.start_points) if space.contains(k)]
+    ahead = start if seeds and not cfg.max_evals else list(space.points())
+    prebuilt = _Ahead(t, ahead if name == "exhaustive" else [])
     result = search.STRATEGIES[name].search(space, lambda k: t.evaluate(k, prebuilt), budget,
                                             rng=random.Random(cfg.seed), start=start or None)
     retimed = _retime(t, _finalists(t, result, baseline), baseline)
@@ -353,7 +367,44 @@ def _tune_class(t: Tuner, cls: str, base: dict) -> dict:
     return {"class": cls, "problems": [p.name for p in t.problems], "strategy": name,
             "space_size": space.size(), "evaluations": result.evaluations,
             "default": baseline, "default_cost": default_cost, "finalists": retimed,
-            "winner": winner}
+            "winner": winner, "registry": seeded}
+
+
+def _registry_seeds(t: Tuner, cls: str, base: dict, space) -> dict:
+    """The registry's best variants of this class for this kind of host, as points of
+    `space` (the class's knobs from the registry row, every other knob from `base`)."""
+    from . import registry
+
+    tuned_elsewhere = set(CLASSES["decode"] + CLASSES["prefill"]) - set(CLASSES[cls])
+    found = registry.seed_variants(
+        t.cfg.registry, kernel=KERNEL, problems=[p.name for p in t.problems],
+        profile=t.profile_name, microarchitecture=t.host.get("microarchitecture"),
+        compiler=t.resolved.compiler.family, compiler_version=t.resolved.version,
+        top=t.cfg.registry_top, ignore=tuple(tuned_elsewhere))
+    points, taken, outside = [], [], 0
+    for s in found["seeds"]:
+        point = {**base, **s.knobs}  # this host's choices for the other classes' knobs
+        if not space.contains(point):
+            outside += 1
+            continue
+        points.append(point)
+        taken.append({"vid": variant_id(point), "registry_cost": s.cost, "hosts": list(s.hosts)})
+    who = (f"profile {t.profile_name}, microarchitecture {t.host.get('microarchitecture')}, "
+           f"{t.resolved.compiler.family} {registry.major(t.resolved.version)}")
+    if taken:
+        t.say(f"registry {t.cfg.registry}: class {cls}: {found['matching_rows']} matching row(s) "
+              f"({who}); seeding with {len(taken)} variant(s):")
+        for r in taken:
+            t.say(f"  {r['vid']}  {r['registry_cost'] * 1e3:.3f} ms there "
+                  f"(from {', '.join(r['hosts'])})")
+    else:
+        t.say(f"registry {t.cfg.registry}: class {cls}: nothing usable for {who} "
+              f"({found['rows']} row(s) of these problems; unmatched {found['unmatched']}); "
+              f"searching cold")
+    if outside:
+        t.say(f"  {outside} registry variant(s) lie outside this run's space: skipped")
+    return {"points": points, "taken": taken, "matching_rows": found["matching_rows"],
+            "unmatched": found["unmatched"], "outside_space": outside}
 
 
 class _Ahead:
@@ -469,6 +520,9 @@ def _summary(t: Tuner, classes: list[dict], knobs: dict, wall: float) -> dict:
         "space_size": sum(c["space_size"] for c in classes),
         "strategy": ",".join(sorted({c["strategy"] for c in classes})),
         "measured_this_run": t.measured, "from_store": t.from_store,
+        "registry": str(t.cfg.registry) if t.cfg.registry else None,
+        "threads": t.cfg.threads or os.cpu_count(), "seed": t.cfg.seed,
+        "min_seconds": t.cfg.min_seconds,
         "default": {"knobs": t.default},
         "winner": {"knobs": knobs, "vid": variant_id(knobs),
                    "is_default": variant_id(knobs) == variant_id(t.default)} if complete else None,

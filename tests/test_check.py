@@ -1,0 +1,138 @@
+"""tuner check: an artifact made here matches here; a doctored one does not; drift is
+flagged against the recorded figures and the default build."""
+import contextlib
+import io
+import json
+import tarfile
+
+import pytest
+
+from ci_artifact import artifact
+from tuner.check import config_signature
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    return artifact(tmp_path_factory)
+
+
+def check(*argv):
+    from tuner import __main__ as cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(["check", *argv])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def unpacked(made, dest):
+    with tarfile.open(made["result"]["tarball"]) as tar:
+        tar.extractall(dest, filter="data")
+    return dest / made["result"]["name"]
+
+
+def test_artifact_made_here_matches_here(made):
+    rc, out, err = check(made["result"]["tarball"], "--no-retime", "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    assert res["compare"]["match"] and res["compare"]["differ"] == []
+    assert {r["part"] for r in res["compare"]["parts"]} == {
+        "host", "microarchitecture", "profile", "compiler", "compiler_version", "flags", "template"}
+    assert res["compare"]["signature"]["same"]  # the config.h signature recomputed here
+    assert res["compare"]["signature"]["consistent"]  # and the recorded parts hash to it
+    assert res["retime"] is None and res["retime_skipped"] == "--no-retime"
+
+
+def test_doctored_manifest_is_a_mismatch_naming_the_parts(made, tmp_path):
+    d = unpacked(made, tmp_path)
+    m = json.loads((d / "manifest.json").read_text())
+    m["signature_parts"]["host"] = "0123456789abcdef"
+    m["signature_parts"]["compiler_version"] = "99.1.0"
+    m["signature"] = config_signature(m["signature_parts"])  # as that host would stamp it
+    (d / "manifest.json").write_text(json.dumps(m))
+    rc, out, err = check(str(d), "--no-retime")
+    assert rc == 4, err
+    assert "was made for another host or toolchain" in out
+    differ = [line.split()[1] for line in out.splitlines() if line.strip().startswith("DIFFERS")]
+    assert differ == ["host", "compiler_version"]
+    assert "99.1.0" in out and "edited" not in out
+    rc, out, err = check(str(d), "--no-retime", "--json")
+    res = json.loads(out)
+    assert rc == 4 and res["exit"] == 4
+    assert not res["compare"]["signature"]["same"] and res["compare"]["signature"]["consistent"]
+
+
+def test_edited_manifest_is_refused(made, tmp_path):
+    d = unpacked(made, tmp_path)
+    m = json.loads((d / "manifest.json").read_text())
+    rows = 1 if m["knobs"]["rows"] != 1 else 2  # claims other knobs than config.h has
+    m["knobs"]["rows"] = m["signature_parts"]["knobs"]["rows"] = rows
+    (d / "manifest.json").write_text(json.dumps(m))
+    rc, out, err = check(str(d), "--no-retime")
+    assert rc == 4 and "do not hash to its signature" in out
+
+
+def test_retime_against_the_default_flags_drift(made, tmp_path):
+    build = str(made["root"] / "build")
+    # a threshold no machine can cross: both libraries verified and timed, no drift
+    rc, out, err = check(made["result"]["tarball"], "--rounds", "1", "--min-seconds", "0.05",
+                         "--threshold", "1e9", "--build-dir", build, "--json")
+    assert rc == 0, err[-3000:]
+    rt = json.loads(out)["retime"]
+    assert [r["problem"] for r in rt["rows"]] == ["tiny/decode/f32"]
+    row = rt["rows"][0]
+    assert row["artifact_s"] > 0 and row["default_s"] > 0 and row["drift"] == []
+    assert rt["default_library"].startswith(build) and rt["failures"] == []
+    # a manifest claiming an impossible time: the artifact is now "slower than recorded"
+    d = unpacked(made, tmp_path)
+    m = json.loads((d / "manifest.json").read_text())
+    m["summary"]["rows"][0]["tuned_s"] = 1e-12
+    (d / "manifest.json").write_text(json.dumps(m))
+    rc, out, err = check(str(d), "--rounds", "1", "--min-seconds", "0.05", "--build-dir", build)
+    assert rc == 1, err[-3000:]
+    assert "DRIFT" in out and "slower than recorded" in out
+
+
+def test_unreadable_artifacts_fail_clearly(tmp_path):
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"not a tarball")
+    rc, out, err = check(str(junk))
+    assert rc == 1 and "is not a readable tarball" in err
+    rc, out, err = check(str(tmp_path / "nope"))
+    assert rc == 1 and "does not exist" in err
+    (tmp_path / "empty").mkdir()
+    rc, out, err = check(str(tmp_path / "empty"))
+    assert rc == 1 and "expected one manifest.json" in err
+    rc, out, err = check(str(tmp_path), "--rounds", "0")
+    assert rc == 2
+
+
+def test_tarball_members_outside_the_archive_are_refused(tmp_path):
+    evil = tmp_path / "evil.tar.gz"
+    (tmp_path / "f").write_text("x")
+    with tarfile.open(evil, "w:gz") as tar:
+        tar.add(tmp_path / "f", arcname="../escape")
+    rc, out, err = check(str(evil))
+    assert rc == 1 and "refusing tar member '../escape'" in err
+    assert not (tmp_path.parent / "escape").exists()
+
+
+def test_unknown_profile_is_a_mismatch_not_a_crash(made, tmp_path):
+    d = unpacked(made, tmp_path)
+    m = json.loads((d / "manifest.json").read_text())
+    m["profile"] = m["signature_parts"]["profile"] = "no-such-profile"
+    m["signature"] = config_signature(m["signature_parts"])
+    (d / "manifest.json").write_text(json.dumps(m))
+    rc, out, err = check(str(d))  # not re-timed: its profile cannot be resolved here
+    assert rc == 4, err
+    assert "cannot run here" in out and "no-such-profile" in out and "not re-timed" in out
+
+
+def test_manifest_without_signature_parts_is_compared_by_its_fields():
+    from tuner.check import artifact_parts
+
+    old = {"profile": "zen4", "knobs": {}, "host": {"fingerprint": "ab", "microarchitecture": "zen4"},
+           "compiler": {"family": "gcc", "version": "12.2.0"}, "cflags": ["-O3"], "ldflags": ["-lm"]}
+    assert artifact_parts(old) == {"host": "ab", "microarchitecture": "zen4", "profile": "zen4",
+                                   "compiler": "gcc", "compiler_version": "12.2.0",
+                                   "flags": ["-O3", "-lm"], "template": None}
