@@ -53,7 +53,8 @@ typedef enum {
 typedef enum {
     COLIBRI_F32 = 0,
     COLIBRI_BF16 = 1, /* upper 16 bits of an IEEE float, round-to-nearest-even */
-    COLIBRI_INT8 = 2, /* symmetric, one float scale per output row: w = q * scale */
+    COLIBRI_INT8 = 2, /* symmetric, one float scale per output row: w = q * scale; the
+                       * kernels quantize activations to int8 per group of 32 (as int4) */
     COLIBRI_INT4 = 3  /* symmetric, one float scale per group of 32 along a row; a row is
                        * ceil(cols/32) groups of 16 bytes: byte j = (q[j] + 8) | (q[16+j] + 8) << 4,
                        * q in [-7, 7], w = q * scale (padding weights q = 0). The kernels

@@ -3,11 +3,11 @@
 Tolerance: f32 weights within 1e-4 relative (see moe_data.assert_close). bf16 and
 int8 weights are compared, at the same 1e-4, with the reference computed from the
 dequantized weights the engine holds: the kernels add no error of their own beyond
-float32 accumulation. int4 likewise, with the reference also quantizing the
-activations before each matrix as the int4 kernels do
-(colibri.quant.quantize_activations); the intermediate h is computed in float32 by
+float32 accumulation. The int8 and int4 kernels quantize the activations before each
+matrix to int8 per group of 32; the reference does the same
+(colibri.quant.quantize_activations). The intermediate h is computed in float32 by
 the engine and float64 by the reference, so where an h value sits on a rounding
-boundary of its int8 step the two can round it apart, and the int4 cases with many
+boundary of its int8 step the two can round it apart: the int8/int4 cases with many
 tokens allow 4e-3 (one step of one h element moves an output by about
 scale_h * |down weight|; measured up to 3.2e-3 at H=2048, I=768, T=513). The error
 the formats themselves add is bounded in test_quant.py.
@@ -67,7 +67,7 @@ def test_shared_expert(lib, dtype, gated):
     assert_close(layer(case, dtype)(x), case.reference(x, dtype), rtol(dtype, 19))
 
 
-@pytest.mark.parametrize("dtype", ["f32", "int4"])
+@pytest.mark.parametrize("dtype", ["f32", "int8", "int4"])
 def test_thread_count_does_not_change_the_result(lib, dtype):
     """Every output element is computed by one thread in a fixed order: bitwise equal."""
     case = make_case(H=300, I=130, E=16, k=4, S=40, gated=True)
