@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import cffi
@@ -57,14 +58,27 @@ def default_library_path() -> Path:
         return Path(env)
     from tuner import hostmatch  # light import: no numpy, no building
 
+    newest = newest_source_mtime()
     tuned = hostmatch.tuned_library_path(build_dir_default())
     if tuned is not None and tuned.exists():
-        return tuned
+        if tuned.stat().st_mtime >= newest:
+            return tuned
+        warnings.warn(f"colibri: the tuned library {tuned} is older than the engine's sources; "
+                      "using the default build (re-run `python -m tuner run` to tune again)",
+                      stacklevel=2)
     profile = hostmatch.host_profile_name()
     path = build_dir_default() / profile / "libcolibri.so"
-    if not path.exists():
-        build_profile(profile)
+    if not path.exists() or path.stat().st_mtime < newest:
+        build_profile(profile)  # scons rebuilds only what changed
     return path
+
+
+def newest_source_mtime() -> float:
+    """When the engine's sources last changed (C, templates, build, profiles): a library
+    older than that was built from other code and is not used by default."""
+    files = [ROOT / "SConstruct", *(ROOT / "kernels").glob("*.[ch]"), *(ROOT / "templates").glob("*"),
+             *(ROOT / "profiles").glob("*.yaml")]
+    return max((f.stat().st_mtime for f in files if f.is_file()), default=0.0)
 
 
 def build_profile(profile: str, *, config: str | os.PathLike | None = None,

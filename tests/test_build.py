@@ -189,3 +189,30 @@ def test_build_dir_from_environment(tmp_path):
     res = scons("-n", "profile=generic", env={"COLIBRI_BUILD_DIR": str(tmp_path / "envbuild")})
     assert res.returncode == 0, output(res)
     assert str(tmp_path / "envbuild" / "generic") in res.stdout
+
+
+def test_a_tuned_library_older_than_the_sources_is_not_used(tmp_path, monkeypatch):
+    """After the engine's code changes, the tuned library (built from the old code) is
+    skipped with a warning until the tuner runs again; a fresh one is used."""
+    import os
+    import shutil
+    import warnings
+
+    from colibri import _lib
+    from tuner import hostmatch
+
+    monkeypatch.delenv("COLIBRI_LIB", raising=False)
+    lib = _lib.default_library_path()  # a real, current build to copy
+    monkeypatch.setenv("COLIBRI_BUILD_DIR", str(tmp_path))
+    default = tmp_path / hostmatch.host_profile_name() / "libcolibri.so"
+    tuned = tmp_path / "tuned" / hostmatch.host_id() / "libcolibri.so"
+    for p in (default, tuned):
+        p.parent.mkdir(parents=True)
+        shutil.copy(lib, p)
+    os.utime(tuned, (0, 0))  # built long before the sources
+    with pytest.warns(UserWarning, match="older than the engine's sources"):
+        assert _lib.default_library_path() == default
+    os.utime(tuned, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _lib.default_library_path() == tuned
