@@ -245,12 +245,15 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     size_t f_logits = (size_t)T * E, f_w = n_sel, f_tw = n_sel + (size_t)T;
     size_t i_idx = n_sel, i_cnt = (size_t)T, i_tok = n_sel + (size_t)T, i_off = (size_t)E + 1;
     size_t h_floats = n_sel * (size_t)L->inter + (size_t)T * S;
-    size_t bytes = (f_logits + f_w + f_tw + h_floats) * sizeof(float) +
-                   (i_idx + i_cnt + i_tok + 2 * i_off) * sizeof(int32_t) +
-                   (size_t)(E + 1) * sizeof(cb_job);
+    /* jobs first: they hold pointers, and malloc's alignment suits them; after an odd
+     * count of 4-byte slots they would be misaligned (undefined behaviour). */
+    const size_t jobs_bytes = (size_t)(E + 1) * sizeof(cb_job);
+    size_t bytes = jobs_bytes + (f_logits + f_w + f_tw + h_floats) * sizeof(float) +
+                   (i_idx + i_cnt + i_tok + 2 * i_off) * sizeof(int32_t);
     char *scratch = malloc(bytes);
     if (!scratch) return cb_fail(COLIBRI_ERR_NOMEM, "out of memory for %zu bytes of scratch", bytes);
-    float *logits = (float *)scratch;
+    cb_job *jobs = (cb_job *)(void *)scratch;
+    float *logits = (float *)(void *)(scratch + jobs_bytes);
     float *wsel = logits + f_logits;
     float *tw = wsel + f_w;
     float *hbuf = tw + f_tw;
@@ -259,7 +262,6 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     int32_t *tok = cnt + i_cnt;
     int32_t *off = tok + i_tok;
     int32_t *fill = off + i_off;
-    cb_job *jobs = (cb_job *)(fill + i_off);
 
     /* router logits: logits[t, e] = router[e] . x[t], split by experts */
     memset(logits, 0, f_logits * sizeof(float));
