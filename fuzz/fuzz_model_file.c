@@ -150,7 +150,18 @@ static void run_model(colibri_model *m) {
     free(x);
 }
 
+/* tests/test_fuzz.py checks that a crash is caught and its input kept: this env
+ * variable makes every input one. */
+static int selftest_crash;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc, (void)argv;
+    selftest_crash = getenv("COLIBRI_FUZZ_SELFTEST_CRASH") != NULL;
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    FUZZ_ASSERT(!selftest_crash, "self-test crash (COLIBRI_FUZZ_SELFTEST_CRASH is set)");
     cb_model_file mf;
     int parsed = cb_mf_parse(&mf, data, size);
     if (parsed == 0)

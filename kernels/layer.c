@@ -244,12 +244,20 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     size_t n_sel = (size_t)T * slots;
     size_t f_logits = (size_t)T * E, f_w = n_sel, f_tw = n_sel + (size_t)T;
     size_t i_idx = n_sel, i_cnt = (size_t)T, i_tok = n_sel + (size_t)T, i_off = (size_t)E + 1;
-    size_t h_floats = n_sel * (size_t)L->inter + (size_t)T * S;
     /* jobs first: they hold pointers, and malloc's alignment suits them; after an odd
      * count of 4-byte slots they would be misaligned (undefined behaviour). */
     const size_t jobs_bytes = (size_t)(E + 1) * sizeof(cb_job);
-    size_t bytes = jobs_bytes + (f_logits + f_w + f_tw + h_floats) * sizeof(float) +
-                   (i_idx + i_cnt + i_tok + 2 * i_off) * sizeof(int32_t);
+    /* T x slots x inter can pass 2^64 bytes (2^31 tokens, 4096 slots, 2^20 rows): checked,
+     * so a wrapped size never reaches malloc. The other terms are below 2^46. */
+    size_t h_floats, n_floats, bytes;
+    if (__builtin_mul_overflow(n_sel, (size_t)L->inter, &h_floats) ||
+        __builtin_add_overflow(h_floats, (size_t)T * S + f_logits + f_w + f_tw, &n_floats) ||
+        __builtin_mul_overflow(n_floats, sizeof(float), &bytes) ||
+        __builtin_add_overflow(bytes, jobs_bytes + (i_idx + i_cnt + i_tok + 2 * i_off) *
+                                          sizeof(int32_t), &bytes))
+        return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d: scratch for %d slots x inter %d "
+                       "overflows the address space", T, slots, L->inter);
+    h_floats += (size_t)T * S;
     char *scratch = malloc(bytes);
     if (!scratch) return cb_fail(COLIBRI_ERR_NOMEM, "out of memory for %zu bytes of scratch", bytes);
     cb_job *jobs = (cb_job *)(void *)scratch;
