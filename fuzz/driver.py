@@ -102,7 +102,7 @@ class Stats:
 
 
 _STAT = re.compile(r"^#(\d+)\s+\S+\s+cov: (\d+) ft: (\d+) corp: (\d+)/(\S+)(?:.*exec/s: (\d+))?")
-_FORK_STAT = re.compile(r"^#(\d+): cov: (\d+) ft: (\d+) corp: (\d+) exec/s: (\d+)")
+_FORK_STAT = re.compile(r"^#(\d+): cov: (\d+) ft: (\d+) corp: (\d+) exec/s:? (\d+)")
 _EXECUTED = re.compile(r"^stat::number_of_executed_units: (\d+)")
 
 

@@ -80,7 +80,8 @@ def test_parse_stats_plain_and_fork_output():
     s = driver.parse_stats(plain)
     assert (s.executions, s.coverage, s.features, s.corpus_units, s.corpus_bytes, s.exec_per_s) \
         == (290831, 491, 1220, 129, "243Kb", 6322)
-    fork = "#51234: cov: 612 ft: 1800 corp: 200 exec/s: 5000 oom/timeout/crash: 0/0/0 time: 9s\n"
+    fork = ("#51234: cov: 612 ft: 1800 corp: 200 exec/s 5000 oom/timeout/crash: 0/0/0 "
+            "time: 9s job: 4 dft_time: 0\n")
     s = driver.parse_stats(fork)
     assert (s.executions, s.coverage, s.corpus_units, s.exec_per_s) == (51234, 612, 200, 5000)
     assert driver.failures_in("x\nkernels/layer.c:205:52: runtime error: member access\n")
