@@ -79,6 +79,13 @@ def test_the_environment_catches_an_overflow(asan_lib, tmp_path):
     r, _ = _sanitize("--exec", sys.executable, "-c", code)
     assert "in bounds ok" in r.stdout and "not caught" not in r.stdout
     assert r.returncode != 0 and "heap-buffer-overflow" in r.stderr
+    # ... and inside a pytest run the report reaches the output (pytest's default fd
+    # capture would swallow it when the runtime kills the process mid-test)
+    test = tmp_path / "test_oob.py"
+    test.write_text(f"import cffi\ndef test_oob():\n    f = cffi.FFI(); f.cdef('int oob(int);')\n"
+                    f"    f.dlopen({str(so)!r}).oob(8)\n")
+    r, _ = _sanitize("--", "-q", str(test))
+    assert r.returncode != 0 and "heap-buffer-overflow" in r.stdout + r.stderr
 
 
 def test_binding_refuses_an_asan_library_without_the_runtime(asan_lib):
