@@ -62,22 +62,23 @@ static void put32(uint8_t *p, uint32_t v) {
  * lie inside the buffer. Trusts nothing it reads: every extent is checked here. */
 static void reseal(uint8_t *d, size_t size) {
     if (size < CB_MF_HEADER_BYTES) return;
-    put32(d + CB_MF_OFF_HEADER_CRC32, cb_crc32(0, d, CB_MF_HEADER_CRC_BYTES));
     uint32_t n = (uint32_t)d[CB_MF_OFF_N_TENSORS] | (uint32_t)d[CB_MF_OFF_N_TENSORS + 1] << 8 |
                  (uint32_t)d[CB_MF_OFF_N_TENSORS + 2] << 16 |
                  (uint32_t)d[CB_MF_OFF_N_TENSORS + 3] << 24;
     uint64_t table = get64(d + CB_MF_OFF_TENSOR_TABLE_OFFSET);
-    if (table > size) return;
-    uint64_t fit = (size - table) / CB_MF_TENSOR_ENTRY_BYTES;
+    uint64_t fit = table > size ? 0 : (size - table) / CB_MF_TENSOR_ENTRY_BYTES;
     if (n > fit) n = (uint32_t)fit;
+    if (n > 256) n = 256; /* a mutation stays cheap: the seeds have at most 39 tensors */
     for (uint32_t i = 0; i < n; i++) {
         uint8_t *e = d + table + (uint64_t)i * CB_MF_TENSOR_ENTRY_BYTES;
         uint64_t off = get64(e + CB_MF_TOFF_OFFSET), nb = get64(e + CB_MF_TOFF_NBYTES);
         if (off <= size && nb <= size - off)
             put32(e + CB_MF_TOFF_CRC32, cb_crc32(0, d + off, (size_t)nb));
     }
-    /* The header's file_size is the other field a size-changing mutation always breaks. */
-    if ((d[CB_MF_OFF_FILE_SIZE] & 1) == 0) /* ... but not always: keep that check reachable */
+    /* Inserting or erasing bytes always breaks header.file_size too: set it to the real
+     * size when its stored low bit is clear, so mutants reach past that check while the
+     * check itself (low bit set) stays reachable. */
+    if ((d[CB_MF_OFF_FILE_SIZE] & 1) == 0)
         for (int i = 0; i < 8; i++) d[CB_MF_OFF_FILE_SIZE + i] = (uint8_t)((uint64_t)size >> (8 * i));
     put32(d + CB_MF_OFF_HEADER_CRC32, cb_crc32(0, d, CB_MF_HEADER_CRC_BYTES));
 }
