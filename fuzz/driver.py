@@ -198,9 +198,10 @@ def minimize(binary: Path, crash: Path, name: str, seconds: int = 60) -> Path:
     out = REGRESS_DIR / name
     if out.exists():
         raise FuzzError(f"{out} exists; choose another --name")
-    cmd = [str(binary), "-minimize_crash=1", f"-max_total_time={seconds}",
-           f"-exact_artifact_path={out}", str(crash)]
-    subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
+    with tempfile.TemporaryDirectory() as tmp:  # the intermediate crash-* files go there
+        cmd = [str(binary), "-minimize_crash=1", f"-max_total_time={seconds}",
+               f"-artifact_prefix={tmp}/", f"-exact_artifact_path={out}", str(crash)]
+        subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, cwd=tmp)
     if not out.exists():  # nothing smaller still crashes (or it no longer crashes): keep it whole
         shutil.copyfile(crash, out)
     return out
