@@ -5,6 +5,8 @@ the single source of truth for the C API.
 """
 from __future__ import annotations
 
+import ctypes
+import json
 import os
 import re
 import subprocess
@@ -111,9 +113,34 @@ def open_library(path: str | os.PathLike | None = None):
             from tuner import hostmatch
 
             hostmatch.check_library_runs_here(p)
+            check_sanitizer_runtime(p)
             lib = ffi.dlopen(key)
             _opened[key] = lib
     return lib
+
+
+def check_sanitizer_runtime(lib_path: str | os.PathLike) -> None:
+    """Refuse an AddressSanitizer build (scons profile=asan) when this process lacks the
+    ASan runtime: dlopen() would not fail but abort the whole interpreter ("ASan runtime
+    does not come first in initial library list"). Raises LibraryNotFound with the fix."""
+    info_path = Path(lib_path).with_name("build_info.json")
+    try:
+        flags = json.loads(info_path.read_text()).get("cflags", [])
+    except (OSError, ValueError, AttributeError):
+        return  # no build info: a hand-built library, nothing to go by
+    asan = any(str(f).startswith("-fsanitize=") and "address" in str(f).split("=", 1)[1].split(",")
+               for f in flags)
+    if not asan:
+        return
+    try:  # the runtime's entry point is visible process-wide once it is loaded
+        getattr(ctypes.CDLL(None), "__asan_init")
+        return
+    except AttributeError:
+        pass
+    raise LibraryNotFound(
+        f"{lib_path} is built with AddressSanitizer, whose runtime must be loaded before "
+        f"Python starts: run with LD_PRELOAD=$(gcc -print-file-name=libasan.so) "
+        f"ASAN_OPTIONS=detect_leaks=0 (scripts/sanitize does this)")
 
 
 def last_error(lib) -> str:

@@ -52,6 +52,12 @@ def test_build_kinds(reg):
     asan = reg["asan"].flags["gcc"][0]
     assert "-fsanitize=address,undefined" in asan.cflags and "-fsanitize=address,undefined" in asan.ldflags
     assert "-O0" in reg["debug"].flags["gcc"][0].cflags
+    # fuzz: clang only (gcc has no libFuzzer), instrumented objects, fuzzer linked in
+    fuzz = reg["fuzz"]
+    assert fuzz.kind == "build" and set(fuzz.flags) == {"clang"}
+    rule = fuzz.flags["clang"][0]
+    assert "-fsanitize=fuzzer-no-link,address,undefined" in rule.cflags
+    assert "-fsanitize=fuzzer,address,undefined" in rule.ldflags
 
 
 def test_kernel_isas_are_backed_by_features(reg):
@@ -167,6 +173,9 @@ def test_every_profile_resolves_with_gcc_or_says_why(reg):
             res = profiles.resolve(prof, "gcc", host)
         except profiles.ResolveError as exc:
             message = str(exc)
+            if "gcc" not in prof.flags:  # a clang-only build kind (fuzz: libFuzzer)
+                assert prof.kind == "build" and "no flag table for gcc" in message, message
+                continue
             assert prof.arch not in ("any", host.arch), f"{name} should build here: {message}"
             cross = prof.cross["gcc"]
             assert cross.cc in message and cross.package in message, message
