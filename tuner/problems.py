@@ -82,5 +82,6 @@ def problem(name: str) -> Problem:
 
 # What `tuner run` tunes by default, and with --quick.
 DEFAULT_PROBLEMS = ("qwen3-30b-a3b/decode/f32", "qwen3-30b-a3b/decode/bf16",
-                    "qwen3-30b-a3b/decode/int8", "qwen3-30b-a3b/prefill/f32")
+                    "qwen3-30b-a3b/decode/int8", "qwen3-30b-a3b/decode/int4",
+                    "qwen3-30b-a3b/prefill/f32")
 QUICK_PROBLEMS = ("qwen3-30b-a3b/decode/f32", "qwen3-30b-a3b/prefill64/f32")
