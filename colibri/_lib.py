@@ -72,14 +72,15 @@ def default_library_path() -> Path:
     path = build_dir_default() / profile / "libcolibri.so"
     if not path.exists() or path.stat().st_mtime < newest:
         build_profile(profile)  # scons rebuilds only what changed
+        os.utime(path)          # and found the rest up to date: checked as of now
     return path
 
 
 def newest_source_mtime() -> float:
-    """When the engine's sources last changed (C, templates, build, profiles): a library
-    older than that was built from other code and is not used by default."""
-    files = [ROOT / "SConstruct", *(ROOT / "kernels").glob("*.[ch]"), *(ROOT / "templates").glob("*"),
-             *(ROOT / "profiles").glob("*.yaml")]
+    """When the engine's code last changed (C sources, kernel templates, SConstruct): a
+    library older than that may have been built from other code."""
+    files = [ROOT / "SConstruct", *(ROOT / "kernels").glob("*.[ch]"),
+             *(ROOT / "templates").glob("*.c.j2"), *(ROOT / "templates").glob("*.yaml")]
     return max((f.stat().st_mtime for f in files if f.is_file()), default=0.0)
 
 

@@ -43,14 +43,14 @@ def make_broken_templates(d: Path) -> Path:
     variants)."""
     shutil.copytree(ROOT / "templates", d)
     src = (d / "expert_ffn.c.j2").read_text()
-    marker = "void cbk_gateup(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, int ldx,\n                const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh) {\n"
+    marker = "void cbk_gateup(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, int ldx,\n                const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh, void *ws) {\n"
     assert marker in src
     inject = "".join(f'{{% if fault == "{k}" %}}    {v}\n{{% endif %}}' for k, v in FAULTS.items())
-    end = "    case COLIBRI_INT8: (dec ? gateup_i8_dec : gateup_i8_pre)(gate, up, X, ldx, tok, ntok, r0, r1, Hout, ldh); break;\n    }\n"
+    end = "    case COLIBRI_INT4: (dec ? gateup_i4_dec : gateup_i4_pre)(gate, up, X, ldx, tok, ntok, r0, r1, Hout, ldh, ws); break;\n    }\n"
     assert end in src
     src = src.replace(end, end + '{% if fault == "wrong" %}' + WRONG + "{% endif %}"
                       + '{% if fault == "oob_scratch" %}' + OOB_SCRATCH + "{% endif %}")
-    end_acc = "    case COLIBRI_INT8: (dec ? rows_acc_i8_dec : rows_acc_i8_pre)(m, Hin, ldh, ntok, tw, tok, r0, r1, Y, ldy); break;\n    }\n"
+    end_acc = "    case COLIBRI_INT4: (dec ? rows_acc_i4_dec : rows_acc_i4_pre)(m, Hin, ldh, ntok, tw, tok, r0, r1, Y, ldy, ws); break;\n    }\n"
     assert end_acc in src
     src = src.replace(end_acc, end_acc + '{% if fault == "oob_out" %}' + OOB_OUT + "{% endif %}")
     src = src.replace("#include <string.h>\n", "#include <stdlib.h>\n#include <string.h>\n", 1)

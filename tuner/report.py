@@ -341,10 +341,9 @@ def prefill_bound_gflops(name: str, bw_gbps: float | None) -> float | None:
     p = _problem(name)
     if p is None or not bw_gbps:
         return None
-    from .problems import ELEM_BYTES
-
     touched = p.E * (1 - (1 - p.k / p.E) ** p.T)
-    nbytes = touched * p.expert_bytes + 3 * p.S * p.H * ELEM_BYTES[p.dtype] + p.E * p.H * 4
+    # decode_bytes = k experts + shared expert + router: swap the k for the touched count
+    nbytes = p.decode_bytes + (touched - p.k) * p.expert_bytes
     return p.flops / (nbytes / (bw_gbps * 1e9)) / 1e9
 
 

@@ -5,7 +5,7 @@ freed. The soak runs one layer of a reference shape (problems.SHAPES) over N fre
 tokens, cycling the tokens per call through 1, 2, 7 and 64 (decode and short prefill
 take different scratch sizes and kernel paths), and at every sample point also creates
 and frees layers (and loads and frees a model file, with --model or --with-model). It
-samples resident memory (/proc/self/statm) every K tokens, prints tokens vs RSS, and
+samples resident memory (/proc/self/statm) and malloc's bytes in use every K tokens, prints tokens vs RSS, and
 fails when RSS after the warm-up grew beyond a threshold. A fixed probe input is re-run
 at every sample: its output must stay bitwise equal to the first one (memory corruption
 shows there before it crashes).
@@ -46,6 +46,33 @@ def rss_bytes() -> int:
         import psutil
 
         return int(psutil.Process().memory_info().rss)
+
+
+def heap_bytes() -> int | None:
+    """Bytes malloc has handed out and not had back (glibc mallinfo2: in-use arena chunks
+    plus mmapped ones), or None off glibc. RSS alone misses a leak that reuses pages the
+    process already holds (freed earlier but still resident); this counter does not."""
+    global _mallinfo2
+    if _mallinfo2 is None:
+        try:
+            import ctypes
+
+            class _MallInfo2(ctypes.Structure):
+                _fields_ = [(n, ctypes.c_size_t) for n in (
+                    "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                    "uordblks", "fordblks", "keepcost")]
+            fn = ctypes.CDLL(None).mallinfo2
+            fn.restype = _MallInfo2
+            _mallinfo2 = fn
+        except (OSError, AttributeError):
+            _mallinfo2 = False
+    if not _mallinfo2:
+        return None
+    m = _mallinfo2()
+    return int(m.uordblks + m.hblkhd)
+
+
+_mallinfo2 = None
 
 
 def detect_growth(samples: list[tuple[int, int]], warmup_tokens: int,
@@ -169,6 +196,7 @@ def soak(*, tokens: int, shape: str = "tiny", dtype: str = "f32", threads: int |
 
         def sample():
             rec = {"tokens": done, "calls": calls, "rss_bytes": rss_bytes(),
+                   "heap_bytes": heap_bytes(),
                    "layers_created": created, "models_loaded": loaded,
                    "seconds": round(time.monotonic() - t0, 3)}
             samples.append(rec)
@@ -215,6 +243,12 @@ def soak(*, tokens: int, shape: str = "tiny", dtype: str = "f32", threads: int |
 
     growth = detect_growth([(s["tokens"], s["rss_bytes"]) for s in samples], warmup,
                            max_growth_mib * 2**20)
+    if all(s["heap_bytes"] is not None for s in samples):
+        heap = detect_growth([(s["tokens"], s["heap_bytes"]) for s in samples], warmup,
+                             max_growth_mib * 2**20)
+        growth["heap_growth_bytes"] = heap["growth_bytes"]
+        growth["heap_slope_bytes_per_1k_tokens"] = heap["slope_bytes_per_1k_tokens"]
+        growth["leaked"] = growth["leaked"] or heap["leaked"]
     return {"shape": shape, "dtype": dtype, "threads": threads or 0, "tokens": done,
             "calls": calls, "t_cycle": list(T_CYCLE), "every": every, "warmup_tokens": warmup,
             "churn": churn, "model": None if model is None else str(model),
@@ -244,7 +278,10 @@ def _summary(rep: dict) -> str:
             f"{rep['models_loaded']} model loads, {rep['seconds']:.1f} s\n"
             f"growth after warm-up: {rep['growth_bytes'] / 2**20:+.2f} MiB "
             f"(threshold {rep['max_growth_bytes'] / 2**20:.2f} MiB), slope "
-            f"{rep['slope_bytes_per_1k_tokens'] / 1024:+.2f} KiB per 1k tokens; probe output "
+            f"{rep['slope_bytes_per_1k_tokens'] / 1024:+.2f} KiB per 1k tokens"
+            + (f"; malloc'd bytes in use {rep['heap_growth_bytes'] / 2**20:+.2f} MiB"
+               if "heap_growth_bytes" in rep else "")
+            + f"; probe output "
             f"{'stable' if rep['outputs_stable'] else 'CHANGED'}: {verdict}")
 
 
