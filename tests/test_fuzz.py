@@ -61,7 +61,7 @@ def test_seeds_are_small_valid_models_covering_the_format(lib):
         m = Model.load(path)  # loads: CRCs, shapes and routing all valid
         y = m(np.ones((2, h["hidden"]), np.float32))
         assert y.shape == (2, h["hidden"]) and np.isfinite(y).all()
-    for want in [("dtype", 0), ("dtype", 1), ("dtype", 2), ("shared", True, 1),
+    for want in [("dtype", 0), ("dtype", 1), ("dtype", 2), ("dtype", 3), ("shared", True, 1),
                  ("shared", True, 0), ("shared", False, 0), ("dynamic", True),
                  ("layers>1", True), ("shared tensors", True)]:
         assert want in seen, f"no seed has {want}"
