@@ -114,15 +114,6 @@ def quantize_activations(x: np.ndarray) -> np.ndarray:
 ACTIVATION_ROUNDING = {"int8": quantize_activations, "int4": quantize_activations}
 
 
-def verify_rtol(dtype: str, n_tokens: int) -> float:
-    """Elementwise tolerance of the engine against the float64 reference of the same
-    format: 1e-4 (float32 accumulation), except int8/int4 with many tokens, 4e-3: the
-    engine's float32 h and the reference's float64 h can round an h element to
-    neighbouring int8 steps before the down matrix (measured up to 3.2e-3 at
-    H=2048, I=768, T=513)."""
-    return 4e-3 if dtype in ACTIVATION_ROUNDING and n_tokens > 8 else 1e-4
-
-
 def stored_bytes(dtype: str, rows: int, cols: int) -> int:
     """Bytes the engine streams for one [rows, cols] matrix: data plus its scales."""
     if dtype == "int4":

@@ -127,3 +127,50 @@ def inputs_with_margin(router, T, *, top_k, dyn_p=0.0, k_min=1, k_max=None, seed
             return x
         x[bad] = rng.standard_normal((int(bad.sum()), H), dtype=np.float32)
     raise RuntimeError("could not draw inputs with a clear routing margin")
+
+
+# How far the engine may be from this reference of the same weight format (compare()).
+RTOL = 1e-4             # float32 accumulation against float64
+FLIP_FRACTION = 0.005   # int8/int4: share of outputs allowed past RTOL ...
+FLIP_RTOL = 5e-2        # ... but within this
+FLIP_L2 = 1e-3          # and the whole output within this relative L2 error
+
+
+def compare(out, ref, dtype: str = "f32") -> tuple[bool, float, str]:
+    """(ok, worst elementwise relative error, message) of the engine's out against ref.
+
+    Elementwise error is |out - ref| / (|ref| + mean |ref| of the row): the row-mean term
+    stands in for the size of the summed terms where an output cancels to near zero.
+    f32 and bf16: every element within RTOL. int8 and int4 kernels round each matrix's
+    activations to int8 steps (quant.ACTIVATION_ROUNDING), and the engine's float32 h and
+    the reference's float64 h can land on either side of a step boundary; one such flip
+    moves the outputs it feeds by about one step times a down weight (seen up to 8e-3).
+    So there: all but FLIP_FRACTION of the elements within RTOL, every element within
+    FLIP_RTOL, and the relative L2 error within FLIP_L2."""
+    out = np.asarray(out, np.float64)
+    ref = np.asarray(ref, np.float64)
+    if out.shape != ref.shape:
+        return False, float("inf"), f"shape {out.shape} != {ref.shape}"
+    if not np.all(np.isfinite(out)):
+        return False, float("inf"), "non-finite output"
+    scale = np.abs(ref) + np.mean(np.abs(ref), axis=-1, keepdims=True)
+    rel = np.abs(out - ref) / np.where(scale > 0, scale, 1.0)
+    worst = float(rel.max()) if rel.size else 0.0
+    at = np.unravel_index(int(np.argmax(rel)), rel.shape) if rel.size else ()
+    where = f"at {tuple(int(i) for i in at)}: got {out[at]!r}, want {ref[at]!r}" if rel.size else ""
+    from .quant import ACTIVATION_ROUNDING
+
+    if dtype not in ACTIVATION_ROUNDING:
+        ok = worst <= RTOL
+        return ok, worst, ("" if ok else f"max relative error {worst:.3g} > {RTOL:g} {where}")
+    n_off = int(np.count_nonzero(rel > RTOL))
+    allowed = max(1, int(FLIP_FRACTION * rel.size))
+    l2 = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300))
+    problems = []
+    if n_off > allowed:
+        problems.append(f"{n_off} of {rel.size} elements past {RTOL:g} (allowed {allowed})")
+    if worst > FLIP_RTOL:
+        problems.append(f"max relative error {worst:.3g} > {FLIP_RTOL:g} {where}")
+    if l2 > FLIP_L2:
+        problems.append(f"relative L2 error {l2:.3g} > {FLIP_L2:g}")
+    return not problems, worst, "; ".join(problems)

@@ -22,8 +22,8 @@ from colibri.convert import (ARCHS, ConvertError, Progress, convert, default_wei
 from colibri.model import Model
 from colibri.modelfile import read_header
 from colibri.safetensors import save_safetensors
-from moe_data import assert_close, make_case
-from test_model_format import engine_weights, layer_dict, reference_stack, stack_inputs, stack_rtol
+from moe_data import assert_close, assert_engine, make_case
+from test_model_format import engine_weights, layer_dict, reference_stack, stack_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 E, H, I, S = 4, 32, 16, 24
@@ -89,7 +89,7 @@ def check_model(path: Path, layers: list[dict], wdt: str, T: int = 5) -> None:
     x = stack_inputs(held, T)
     with Model.load(path) as m:
         assert m.n_layers == len(layers) and m.hidden == H
-        assert_close(m(x), reference_stack(x, held, dtype=wdt), stack_rtol(wdt))
+        assert_engine(m(x), reference_stack(x, held, dtype=wdt), wdt)
 
 
 def cli(args, capsys) -> tuple[int, str, str]:

@@ -8,15 +8,15 @@ matrix to int8 per group of 32; the reference does the same
 (colibri.quant.quantize_activations). The intermediate h is computed in float32 by
 the engine and float64 by the reference, so where an h value sits on a rounding
 boundary of its int8 step the two can round it apart: the int8/int4 cases with many
-tokens allow 4e-3 (one step of one h element moves an output by about
-scale_h * |down weight|; measured up to 3.2e-3 at H=2048, I=768, T=513). The error
+tokens are compared as colibri.reference.compare states (a few outputs next to a
+flipped step may be off by up to 5e-2, the whole output within 1e-3 L2). The error
 the formats themselves add is bounded in test_quant.py.
 """
 import numpy as np
 import pytest
 
 import colibri
-from moe_data import REFERENCE_SHAPES, assert_close, make_case, rtol_for as rtol
+from moe_data import REFERENCE_SHAPES, assert_engine, make_case
 
 DTYPES = ["f32", "bf16", "int8", "int4"]
 
@@ -47,7 +47,7 @@ def layer(case, dtype="f32", **kw):
 def test_awkward_shapes(lib, shape, routing, dtype, T):
     case = make_case(**AWKWARD[shape], **ROUTINGS[routing])
     x = case.inputs(T)
-    assert_close(layer(case, dtype)(x), case.reference(x, dtype), rtol(dtype, T))
+    assert_engine(layer(case, dtype)(x), case.reference(x, dtype), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -56,7 +56,7 @@ def test_awkward_shapes(lib, shape, routing, dtype, T):
 def test_dynamic_expert_count(lib, dyn, dtype):
     case = make_case(H=70, I=40, E=12, k=dyn["k_max"], **dyn)
     x = case.inputs(37)
-    assert_close(layer(case, dtype)(x), case.reference(x, dtype), rtol(dtype, 37))
+    assert_engine(layer(case, dtype)(x), case.reference(x, dtype), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -64,7 +64,7 @@ def test_dynamic_expert_count(lib, dyn, dtype):
 def test_shared_expert(lib, dtype, gated):
     case = make_case(H=96, I=40, E=10, k=3, S=57, gated=gated, norm=False)
     x = case.inputs(19)
-    assert_close(layer(case, dtype)(x), case.reference(x, dtype), rtol(dtype, 19))
+    assert_engine(layer(case, dtype)(x), case.reference(x, dtype), dtype)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "int8", "int4"])
@@ -75,7 +75,7 @@ def test_thread_count_does_not_change_the_result(lib, dtype):
     outs = [layer(case, dtype, threads=n)(x) for n in (1, 2, 3, 7)]
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
-    assert_close(outs[0], case.reference(x, dtype), rtol(dtype, 70))
+    assert_engine(outs[0], case.reference(x, dtype), dtype)
 
 
 @pytest.fixture(scope="module", params=sorted(REFERENCE_SHAPES))
@@ -90,7 +90,7 @@ def test_reference_shapes(lib, reference_case, dtype):
     L = layer(reference_case, dtype)
     for T in (1, 9):
         x = reference_case.inputs(T, seed=T)
-        assert_close(L(x), reference_case.reference(x, dtype), rtol(dtype, T))
+        assert_engine(L(x), reference_case.reference(x, dtype), dtype)
 
 
 def test_layer_reports_its_arena(lib):

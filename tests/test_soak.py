@@ -68,7 +68,9 @@ def test_a_leaking_loop_is_caught(lib):
     rep = soak.soak(tokens=1500, shape="tiny", threads=1, every=100, warmup=300,
                     max_growth_mib=2.0, step_hook=lambda: kept.append(b"\x01" * 131072))
     assert rep["leaked"] and not rep["ok"]
-    assert rep["growth_bytes"] > 2 * MiB
+    # RSS may not move (the leak can reuse pages the process already holds); malloc's
+    # bytes in use do
+    assert max(rep["growth_bytes"], rep.get("heap_growth_bytes", 0)) > 2 * MiB
     assert rep["slope_bytes_per_1k_tokens"] > 0
 
 

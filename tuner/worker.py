@@ -140,17 +140,12 @@ def _run_problem(lib, pd: dict, job: dict) -> None:
         _set_guards(lib, guards)
     worst = 0.0
     for what, out, ref, T in checks:
-        if not np.all(np.isfinite(out)):
-            _emit(problem=p.name, status=STATUS_WRONG, reason=f"non-finite output ({what})")
+        ok, rel, msg = reference.compare(out, ref, p.dtype)  # the same criterion as the tests
+        if not ok:
+            _emit(problem=p.name, status=STATUS_WRONG, max_rel_err=None if rel == float("inf") else rel,
+                  reason=f"{msg} ({what})")
             return
-        scale = np.abs(ref) + np.mean(np.abs(ref), axis=-1, keepdims=True)
-        rel = float(np.max(np.abs(out - ref) / scale))
         worst = max(worst, rel)
-        tol = max(job.get("rtol", 1e-4), quant.verify_rtol(p.dtype, T))
-        if rel > tol:
-            _emit(problem=p.name, status=STATUS_WRONG, max_rel_err=rel,
-                  reason=f"max relative error {rel:.3g} > {tol:g} ({what})")
-            return
     # 2. time inside C, fresh inputs per call (decode: other experts each call)
     rng = np.random.default_rng(seed + 7)
     n_inputs = max(1, job.get("inputs_per_problem", 64) // p.T)
