@@ -176,13 +176,18 @@ def resolve_sources(sources: Sequence[str | Path]) -> tuple[list[Path], Path | N
     return unique, first if first.is_dir() else first.parent
 
 
-def _index_files(index: Path) -> list[Path]:
+def _read_json(path: Path):
+    """A JSON file's content; a ConvertError naming the file when it cannot be read or parsed."""
     try:
-        obj = json.loads(index.read_text())
+        return json.loads(path.read_text())
     except OSError as e:
-        raise ConvertError(f"{index}: cannot read: {e.strerror}") from None
+        raise ConvertError(f"{path}: cannot read: {e.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConvertError(f"{index}: not valid JSON ({e})") from None
+        raise ConvertError(f"{path}: not valid JSON ({e})") from None
+
+
+def _index_files(index: Path) -> list[Path]:
+    obj = _read_json(index)
     wm = obj.get("weight_map") if isinstance(obj, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
         raise ConvertError(f"{index}: no weight_map {{tensor: file}} in this index")
@@ -204,12 +209,7 @@ def load_config(path: Path | None, explicit: bool) -> tuple[dict | None, Path | 
         if explicit:
             raise ConvertError(f"{path}: no such config file")
         return None, None
-    try:
-        cfg = json.loads(path.read_text())
-    except OSError as e:
-        raise ConvertError(f"{path}: cannot read: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConvertError(f"{path}: not valid JSON ({e})") from None
+    cfg = _read_json(path)
     if not isinstance(cfg, dict):
         raise ConvertError(f"{path}: a config.json must hold a JSON object")
     # multimodal checkpoints keep the language model's settings in text_config
