@@ -141,9 +141,7 @@ def host_parts(profile: str, knobs: dict) -> tuple[dict, dict, str]:
     except Exception as exc:  # unknown profile, no compiler for it here
         parts.update(compiler=None, compiler_version=None, flags=None, template=None)
         return parts, {"error": f"profile {profile!r}: {exc}"}, ""
-    tdir = Path(render.TEMPLATES_DIR)
-    template = ((tdir / f"{KERNEL}{render.TEMPLATE_SUFFIX}").read_text()
-                + (tdir / f"{KERNEL}{render.KNOBS_SUFFIX}").read_text())
+    template = render.source_text(KERNEL)
     flags = list(resolved.cflags) + list(resolved.ldflags)
     args = dict(host_fingerprint=info["fingerprint"], compiler=resolved.compiler.family,
                 compiler_version=resolved.version, flags=flags, template_source=template,

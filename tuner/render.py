@@ -34,6 +34,19 @@ TEMPLATE_SUFFIX = ".c.j2"
 KNOBS_SUFFIX = ".knobs.yaml"
 
 
+ENGINE_DIR = ROOT / "kernels"
+
+
+def source_text(template: str, templates_dir: str | os.PathLike = TEMPLATES_DIR) -> str:
+    """Everything a variant's library is built from besides its knobs and flags: the
+    template, its knobs file and the engine's C sources. Part of every measurement's
+    signature, so a change to any of them re-measures instead of reusing old timings."""
+    tdir = Path(templates_dir)
+    files = [tdir / f"{template}{TEMPLATE_SUFFIX}", tdir / f"{template}{KNOBS_SUFFIX}",
+             *sorted(ENGINE_DIR.glob("*.[ch]"))]
+    return "".join(f"\n/* --- {f.name} --- */\n{f.read_text()}" for f in files)
+
+
 class KnobError(ValueError):
     """Knob values are invalid, or a knobs file is malformed."""
 

@@ -94,9 +94,7 @@ class Tuner:
             raise SystemExit(f"profile {self.profile_name} cannot run on this host "
                              f"({self.resolved.reason}); pick another with --profile")
         self.spec = render.load_knob_spec(KERNEL)
-        tdir = Path(render.TEMPLATES_DIR)
-        self.template_text = ((tdir / f"{KERNEL}{render.TEMPLATE_SUFFIX}").read_text()
-                              + (tdir / f"{KERNEL}{render.KNOBS_SUFFIX}").read_text())
+        self.template_text = render.source_text(KERNEL)
         self.default = render.resolve_knobs(self.spec, self.profile.knobs, None,
                                             self.profile.kernel_isas)
         self.all_problems = [problems_mod.problem(n) for n in cfg.problems]

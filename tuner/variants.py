@@ -2,8 +2,8 @@
 
 One `scons variants=batch.json -k -jN` run per batch: the hand-written objects are
 compiled once per profile and shared, only the rendered kernels compile per
-variant, SCons runs N compiles in parallel, and a variant already built is up to
-date (never recompiled). A variant that fails to compile is recorded with the
+variant, SCons runs N compiles in parallel, and a variant already built is rebuilt
+only when its sources changed. A variant that fails to compile is recorded with the
 compiler's own message and the rest of the batch goes on (-k).
 """
 from __future__ import annotations
@@ -56,8 +56,9 @@ def build_batch(profile: str, points: list[dict], build_dir: str | os.PathLike, 
     """Build every point (a knob assignment); returns one Built per point, in order."""
     build_dir = Path(build_dir).resolve()
     ids = [variant_id(p) for p in points]
-    todo = {dir_id(vid): p for vid, p in zip(ids, points)
-            if not (variant_dir(build_dir, profile, vid) / "libcolibri.so").exists()}
+    # Every point goes to SCons, built before or not: it rebuilds exactly what changed
+    # (the engine's sources included), where a library on disk may be from older code.
+    todo = {dir_id(vid): p for vid, p in zip(ids, points)}
     output = ""
     if todo:
         build_dir.mkdir(parents=True, exist_ok=True)
@@ -74,10 +75,11 @@ def build_batch(profile: str, points: list[dict], build_dir: str | os.PathLike, 
     out = []
     for vid, p in zip(ids, points):
         lib = variant_dir(build_dir, profile, vid) / "libcolibri.so"
-        if lib.exists():
+        msg = _messages_for(output, dir_id(vid))
+        # a failed rebuild leaves the previous library on disk: the error decides
+        if lib.exists() and "error" not in msg.lower():
             out.append(Built(p, vid, lib))
             continue
-        msg = _messages_for(output, dir_id(vid))
         if not msg:
             # no message names this variant: the shared part of the build failed
             tail = "\n".join(output.strip().splitlines()[-15:])
