@@ -194,6 +194,12 @@ colibri_layer *colibri_model_layer(colibri_model *model, int index);
 int colibri_bench_layer(colibri_layer *layer, const float *inputs, int n_inputs, int n_tokens,
                         float *out, int n_threads, int warmup, double min_seconds,
                         int max_samples, double *samples, int *n_samples);
+/* The same over n_layers layers of one hidden size: call i runs layer (i mod n_layers),
+ * as a model's layers follow each other, so weights several times the last-level
+ * cache can be streamed even where one layer's would fit in it. */
+int colibri_bench_layers(colibri_layer *const *layers, int n_layers, const float *inputs,
+                         int n_inputs, int n_tokens, float *out, int n_threads, int warmup,
+                         double min_seconds, int max_samples, double *samples, int *n_samples);
 
 /* Times colibri_route alone on logits [n_tokens, n_experts] (same loop as above);
  * idx and weights [n_tokens, colibri_route_slots(cfg)] receive the last result. */

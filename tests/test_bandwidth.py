@@ -83,3 +83,31 @@ def test_probe_reports_why_bandwidth_is_missing(tmp_path):
                        bandwidth_seconds=0.01, detect_compilers=False)
     assert info.bandwidth is None
     assert "not measured" in info.bandwidth_reason and "LibraryNotFound" in info.bandwidth_reason
+
+
+def test_resident_copies_cover_the_llc_several_times():
+    from tuner.bandwidth import LLC_FACTOR, MAX_COPIES, resident_copies
+    from tuner.problems import problem
+
+    llc = 300 << 20
+    for name in ("qwen3-30b-a3b/decode/int4", "qwen3-30b-a3b/decode/bf16",
+                 "olmoe-1b-7b/decode/int4", "mixtral-8x7b/decode/f32"):
+        p = problem(name)
+        n = resident_copies(p.layer_bytes, llc)
+        assert n * p.layer_bytes >= LLC_FACTOR * llc          # enough copies
+        assert n == 1 or (n - 1) * p.layer_bytes < LLC_FACTOR * llc   # and no more
+    assert resident_copies(problem("qwen3-30b-a3b/decode/int4").layer_bytes, llc) == 4
+    assert resident_copies(problem("mixtral-8x7b/decode/f32").layer_bytes, llc) == 1
+    assert resident_copies(1000, llc) == MAX_COPIES     # a toy layer: capped
+    assert resident_copies(1000, None) == 1             # cache size unknown
+
+
+def test_layer_bytes_counts_every_expert_the_shared_expert_and_the_router():
+    from colibri.quant import stored_bytes
+    from tuner.problems import problem
+
+    p = problem("qwen1.5-moe-a2.7b/decode/int8")
+    per_expert = 2 * stored_bytes("int8", p.I, p.H) + stored_bytes("int8", p.H, p.I)
+    shared = 2 * stored_bytes("int8", p.S, p.H) + stored_bytes("int8", p.H, p.S)
+    assert p.S > 0 and p.layer_bytes == p.E * per_expert + shared + p.E * p.H * 4
+    assert p.decode_bytes == p.k * per_expert + shared + p.E * p.H * 4

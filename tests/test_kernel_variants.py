@@ -9,17 +9,17 @@ from moe_data import assert_engine, make_case
 from colibri._lib import build_profile
 from tuner import render
 
-# (isa, decode rows, tok_block, unroll, prefetch, prefill rows, tok_block, unroll, prefetch):
-# every value of each knob appears at least once
+# (isa, decode rows, tok_block, unroll, prefetch, prefetch_int8, prefetch_int4,
+#  prefill rows, tok_block, unroll, prefetch): every value of each knob appears at least once
 CORNERS = [
-    ("scalar", 1, 1, 1, 0, 1, 1, 1, 0),
-    ("scalar", 2, 2, 4, 256, 4, 4, 1, 2048),
-    ("portable", 4, 2, 1, 2048, 2, 4, 2, 256),
-    ("portable", 1, 2, 4, 512, 1, 2, 4, 512),
-    ("avx2", 2, 1, 4, 1024, 4, 2, 2, 1024),
-    ("avx2", 4, 2, 2, 512, 2, 2, 4, 0),
-    ("avx512", 1, 2, 4, 1024, 1, 4, 4, 512),
-    ("avx512", 4, 1, 2, 0, 4, 4, 1, 2048),
+    ("scalar", 1, 1, 1, 0, 0, 0, 1, 1, 1, 0),
+    ("scalar", 2, 2, 4, 512, 2048, 1024, 4, 4, 1, 2048),
+    ("portable", 4, 2, 1, 2048, 4096, 2048, 2, 4, 2, 256),
+    ("portable", 1, 2, 4, 512, 8192, 4096, 1, 2, 4, 512),
+    ("avx2", 2, 1, 4, 8192, 16384, 8192, 4, 2, 2, 1024),
+    ("avx2", 4, 2, 2, 2048, 8192, 2048, 2, 2, 4, 0),
+    ("avx512", 1, 2, 4, 8192, 16384, 8192, 1, 4, 4, 512),
+    ("avx512", 4, 1, 2, 0, 0, 0, 4, 4, 1, 2048),
 ]
 
 
@@ -29,10 +29,10 @@ def cases():
             make_case(H=130, I=64, E=5, k=2, scoring="softmax_topk", seed=2)]
 
 
-@pytest.mark.parametrize("isa,rows,tok_block,unroll,prefetch,p_rows,p_tok_block,p_unroll,p_prefetch",
-                         CORNERS)
+@pytest.mark.parametrize("isa,rows,tok_block,unroll,prefetch,pf_int8,pf_int4,"
+                         "p_rows,p_tok_block,p_unroll,p_prefetch", CORNERS)
 def test_corner_builds_and_is_correct(tmp_path, cases, isa, rows, tok_block, unroll, prefetch,
-                                      p_rows, p_tok_block, p_unroll, p_prefetch):
+                                      pf_int8, pf_int4, p_rows, p_tok_block, p_unroll, p_prefetch):
     profile = {"avx512": "x86-64-v4", "avx2": "x86-64-v3"}.get(isa, "generic")
     from tuner import cpuinfo, profiles
 
@@ -40,7 +40,7 @@ def test_corner_builds_and_is_correct(tmp_path, cases, isa, rows, tok_block, unr
     if not ok:
         pytest.skip(f"{profile} kernels cannot run on this host: {why}")
     knobs = dict(isa=isa, rows=rows, tok_block=tok_block, unroll=unroll, prefetch=prefetch,
-                 prefill_rows=p_rows, prefill_tok_block=p_tok_block, prefill_unroll=p_unroll,
+                 prefetch_int8=pf_int8, prefetch_int4=pf_int4, prefill_rows=p_rows, prefill_tok_block=p_tok_block, prefill_unroll=p_unroll,
                  prefill_prefetch=p_prefetch)
     cfg = render.write_config_h(tmp_path / "config.h", knobs, signature="0", profile=profile)
     lib = build_profile(profile, config=cfg, build_dir=tmp_path / "build", quiet=True)
@@ -51,3 +51,12 @@ def test_corner_builds_and_is_correct(tmp_path, cases, isa, rows, tok_block, unr
             for T in (1, 2, 7, 40):  # decode class (<= 2 tokens per expert) and prefill
                 x = case.inputs(T, seed=T)
                 assert_engine(L(x), case.reference(x, dtype), dtype)
+
+
+def test_corners_cover_every_knob_value():
+    spec = render.load_knob_spec("expert_ffn")
+    names = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "prefetch_int4",
+             "prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch"]
+    assert set(names) == set(spec.knobs)
+    for i, name in enumerate(names):
+        assert {c[i] for c in CORNERS} == set(spec.knobs[name].values), name

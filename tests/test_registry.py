@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tuner.profiles import get_profile
 from tuner.registry import merge, seed_variants
 from tuner.store import Measurement, Store
 
@@ -148,11 +149,15 @@ def slow_templates(tmp_path):
     return d
 
 
+# the generic profile's own prefetch distance, so the run's default lies in the space
+GENERIC_PREFETCH = get_profile("generic").knobs["prefetch"]
+
+
 def tune(tmp_path, templates, store, *extra):
     args = ["run", "--problem", P1, "--profile", "generic", "--strategy", "exhaustive", "--threads", "1",
             "--min-seconds", "0.05", "--no-bandwidth", "--no-report", "--build-dir", str(tmp_path / "build"),
             "--store", str(store), "--json", "--space", "isa=portable", "--space", "rows=2",
-            "--space", "tok_block=1", "--space", "unroll=2", "--space", "prefetch=512",
+            "--space", "tok_block=1", "--space", "unroll=2", "--space", f"prefetch={GENERIC_PREFETCH}",
             "--space", "fault=none,slow,slower,slowest", *extra]
     res = subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, capture_output=True,
                          text=True, timeout=900,

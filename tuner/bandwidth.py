@@ -81,6 +81,18 @@ def _available_memory() -> int | None:
         return None
 
 
+MAX_COPIES = 8   # enough for the reference shapes in int4; a toy shape stays in cache anyway
+
+
+def resident_copies(layer_bytes: int, llc_total: int | None) -> int:
+    """How many copies of a layer to cycle through so that their weights together are
+    at least LLC_FACTOR x the last-level cache (a model's layers follow each other the
+    same way): a layer that fits in the cache would otherwise be timed from it."""
+    if not llc_total or layer_bytes <= 0:
+        return 1
+    return max(1, min(MAX_COPIES, -(-LLC_FACTOR * llc_total // layer_bytes)))
+
+
 def _llc_total_here() -> int | None:
     from tuner import sysfs
     topo = sysfs.topology("/")

@@ -10,7 +10,10 @@ over rounds of the per-round ratios, so a minute-to-minute swing of this machine
 bandwidth moves both sides of a ratio together.
 
 Decode (T=1) takes a fresh token per call (the router picks other experts; all
-experts' weights are resident, several times the last-level cache). Colibri is timed
+experts' weights are resident). Where one layer's weights are less than 4x the
+last-level cache (int4, int8, bf16 on the smaller shapes), Colibri cycles through
+that many copies of the layer, as a model's layers follow each other, so its weights
+come from memory as they would in a model (`layer_copies` in the JSON). Colibri is timed
 inside C; NumPy and PyTorch by wall clock around each call, with their thread pools
 pinned to the same thread count. GB/s counts the weight bytes a decode token streams
 (k experts with their scales, the shared expert, the router); the bound is those
@@ -58,18 +61,20 @@ def _inputs(p, n, seed):
     return rng.standard_normal((n, p.T, p.H), dtype=np.float32)
 
 
-def time_colibri(layer, xs, threads, min_seconds) -> float:
-    """Median seconds per call, timed inside C (colibri_bench_layer)."""
-    lib = layer._lib
+def time_colibri(layers, xs, threads, min_seconds) -> float:
+    """Median seconds per call, timed inside C (colibri_bench_layers), call i on layer
+    i mod len(layers): copies of one layer standing for a model's consecutive layers."""
+    lib = layers[0]._lib
     T = xs.shape[1]
-    out = np.empty((T, layer.hidden), np.float32)
+    out = np.empty((T, layers[0].hidden), np.float32)
     samples = np.empty(100_000)
     n = ffi.new("int *")
-    st = lib.colibri_bench_layer(layer._ptr, ffi.from_buffer("float[]", xs), len(xs), T,
-                                 ffi.from_buffer("float[]", out), threads, 1, min_seconds,
-                                 len(samples), ffi.from_buffer("double[]", samples), n)
+    ptrs = ffi.new("colibri_layer *[]", [layer._ptr for layer in layers])
+    st = lib.colibri_bench_layers(ptrs, len(layers), ffi.from_buffer("float[]", xs), len(xs), T,
+                                  ffi.from_buffer("float[]", out), threads, len(layers),
+                                  min_seconds, len(samples), ffi.from_buffer("double[]", samples), n)
     if st:
-        raise RuntimeError("colibri_bench_layer: " + ffi.string(lib.colibri_last_error()).decode())
+        raise RuntimeError("colibri_bench_layers: " + ffi.string(lib.colibri_last_error()).decode())
     return _median(samples[:n[0]])
 
 
@@ -197,15 +202,22 @@ def blas_info() -> list[dict]:
 
 def _libs(build_dir: Path, profile: str, say) -> dict[str, Path]:
     """colibri-default, and colibri-tuned when a tuned library exists for this host."""
+    from colibri._lib import build_profile, newest_source_mtime
+
+    newest = newest_source_mtime()
     default_lib = build_dir / profile / "libcolibri.so"
-    if not default_lib.exists():
-        from colibri._lib import build_profile
+    if not default_lib.exists() or default_lib.stat().st_mtime < newest:
         say(f"building the default library ({profile})")
-        build_profile(profile, build_dir=build_dir)
+        build_profile(profile, build_dir=build_dir)  # scons rebuilds only what changed
+        os.utime(default_lib)
     libs = {"colibri-default": default_lib}
     tuned = hostmatch.tuned_library_path(build_dir)
-    if tuned is not None:
-        libs["colibri-tuned"] = tuned
+    if tuned is not None and tuned.exists():
+        if tuned.stat().st_mtime >= newest:
+            libs["colibri-tuned"] = tuned
+        else:
+            say(f"bench: the tuned library {tuned} is older than the engine's sources: "
+                "not benchmarked (re-run `python -m tuner run` to tune again)")
     return libs
 
 
@@ -246,6 +258,7 @@ def bench_group(p, p_peer, layers, peers, xs, threads, rounds, min_seconds, bw_f
             "bound_ms_per_token": nbytes / bw / 1e6 if nbytes and bw else None,
             "pct_of_bound": 100 * gbps / bw if gbps and bw else None,
             "gflops": p.flops / t / 1e9,
+            "layer_copies": None if name in peers else len(layers[name]),
             "vs_numpy": ratio("numpy"), "vs_torch": ratio("torch"),
             "tuned_vs_default": ratio("colibri-default") if name == "colibri-tuned" else None})
     return rows
@@ -257,9 +270,10 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=3, seed=
     profile = hostmatch.host_profile_name()
     libs = _libs(build_dir, profile, say)
     lib = open_library(libs["colibri-default"])
-    from .bandwidth import _llc_total_here, working_set_bytes
+    from .bandwidth import _llc_total_here, resident_copies, working_set_bytes
 
-    bw_bytes = working_set_bytes(_llc_total_here())[0]
+    llc = _llc_total_here()
+    bw_bytes = working_set_bytes(llc)[0]
     bw_fn = lambda threads: read_bandwidth(lib, threads, bw_bytes, min_seconds=0.15)
     if "torch" in peers and _torch() is None:
         say("bench: PyTorch is not installed: its column is skipped "
@@ -283,10 +297,13 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=3, seed=
                 enc = weights.load_encoded(wdir, p, seed)
                 sh = enc.pop("shared_expert_gate", (None, None))[0]
                 router = enc.pop("router")[0]
-                layers = {name: MoELayer.from_encoded(router, dict(enc), weight_dtype=dtype,
-                                                      shared_expert_gate=sh, lib=str(path),
-                                                      top_k=p.k, scoring=p.scoring,
-                                                      norm_topk_prob=p.norm)
+                # the f32 weights the peers run are >= 4x the LLC for every reference shape
+                copies = resident_copies(p.layer_bytes, llc)
+                layers = {name: [MoELayer.from_encoded(router, dict(enc), weight_dtype=dtype,
+                                                       shared_expert_gate=sh, lib=str(path),
+                                                       top_k=p.k, scoring=p.scoring,
+                                                       norm_topk_prob=p.norm)
+                                 for _ in range(copies)]
                           for name, path in libs.items()}
                 for threads in threads_list:
                     for r in bench_group(p, p32, layers, peer_fns, xs, threads, rounds,

@@ -48,11 +48,20 @@ class Problem:
         return 2 * stored_bytes(self.dtype, self.I, self.H) + stored_bytes(self.dtype, self.H, self.I)
 
     @property
+    def shared_bytes(self) -> int:
+        """Bytes of the shared expert's three matrices (0 without one)."""
+        return (2 * stored_bytes(self.dtype, self.S, self.H) + stored_bytes(self.dtype, self.H, self.S)
+                if self.S else 0)
+
+    @property
+    def layer_bytes(self) -> int:
+        """Weight bytes of the whole layer: every expert, the shared expert, the router."""
+        return self.E * self.expert_bytes + self.shared_bytes + self.E * self.H * 4
+
+    @property
     def decode_bytes(self) -> int:
         """Weight bytes one decode token streams: k experts, the shared expert, the router."""
-        shared = (2 * stored_bytes(self.dtype, self.S, self.H) + stored_bytes(self.dtype, self.H, self.S)
-                  if self.S else 0)
-        return self.k * self.expert_bytes + shared + self.E * self.H * 4
+        return self.k * self.expert_bytes + self.shared_bytes + self.E * self.H * 4
 
     @property
     def flops(self) -> int:

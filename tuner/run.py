@@ -28,24 +28,37 @@ from .store import Measurement, Store, StoreLocked
 
 KERNEL = "expert_ffn"
 
-# Problem classes and the knobs each one tunes; the other knobs are held at the
-# values already chosen (the decode class goes first and picks the ISA).
+# Problem classes, tuned in this order: the knobs each one tunes and the problems it
+# is measured on; every other knob is held at the values already chosen (the decode
+# class goes first and picks the ISA). A knob that only one weight dtype reads (the
+# integer kernels' prefetch distances) is a class of its own on that dtype's decode
+# problems, so the decode space does not multiply by its values.
 CLASSES = {
     "decode": ("isa", "rows", "tok_block", "unroll", "prefetch"),
+    "decode_int8": ("prefetch_int8",),
+    "decode_int4": ("prefetch_int4",),
     "prefill": ("prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch"),
 }
+CLASS_KNOBS = tuple(k for knobs in CLASSES.values() for k in knobs)
 # --quick: the profile's ISA and the corners of the block knobs around the default
 QUICK = {
     "decode": lambda d: {"rows": [1, 2, 4], "tok_block": [d["tok_block"]],
                          "unroll": sorted({1, 2, d["unroll"]}), "prefetch": sorted({0, d["prefetch"]})},
+    "decode_int8": lambda d: {"prefetch_int8": sorted({0, d["prefetch_int8"]})},
+    "decode_int4": lambda d: {"prefetch_int4": sorted({0, d["prefetch_int4"]})},
     "prefill": lambda d: {"prefill_rows": [2, 4], "prefill_tok_block": [2, 4],
                           "prefill_unroll": [1, 2], "prefill_prefetch": [d["prefill_prefetch"]]},
 }
 
 
-def problem_class(p) -> str:
+def in_class(p, cls: str) -> bool:
     """Decode kernels serve experts with <= 2 tokens (CB_DECODE_MAX_TOKENS in the template)."""
-    return "decode" if p.T <= 2 else "prefill"
+    decode = p.T <= 2
+    if cls == "decode":
+        return decode
+    if cls.startswith("decode_"):
+        return decode and p.dtype == cls[len("decode_"):]
+    return not decode
 
 
 @dataclass
@@ -132,7 +145,7 @@ class Tuner:
                 overrides["isa"] = [self.default["isa"]]
         # knobs no template of this run declares (e.g. a test knob) stay as given
         restrict.update({k: v for k, v in (self.cfg.space_overrides or {}).items()
-                         if k not in CLASSES["decode"] + CLASSES["prefill"]})
+                         if k not in CLASS_KNOBS})
         restrict.update(overrides)
         return space.subspace(**restrict)
 
@@ -288,7 +301,7 @@ def run(cfg: RunConfig, host: dict | None = None) -> dict:
         weights_ready(t)
         base, classes = dict(t.default), []
         for cls in CLASSES:
-            t.problems = [p for p in t.all_problems if problem_class(p) == cls]
+            t.problems = [p for p in t.all_problems if in_class(p, cls)]
             if not t.problems:
                 continue
             out = _tune_class(t, cls, base)
@@ -373,7 +386,7 @@ def _registry_seeds(t: Tuner, cls: str, base: dict, space) -> dict:
     `space` (the class's knobs from the registry row, every other knob from `base`)."""
     from . import registry
 
-    tuned_elsewhere = set(CLASSES["decode"] + CLASSES["prefill"]) - set(CLASSES[cls])
+    tuned_elsewhere = set(CLASS_KNOBS) - set(CLASSES[cls])
     found = registry.seed_variants(
         t.cfg.registry, kernel=KERNEL, problems=[p.name for p in t.problems],
         profile=t.profile_name, microarchitecture=t.host.get("microarchitecture"),

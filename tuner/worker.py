@@ -156,10 +156,19 @@ def _run_problem(lib, pd: dict, job: dict) -> None:
     n = ffi.new("int *")
     warmup = job.get("warmup", 3)
 
+    # copies of the layer, cycled through, where one layer's weights would sit in the
+    # last-level cache (as in bench: a model's layers follow each other)
+    from .bandwidth import _llc_total_here, resident_copies
+    copies = [layer] + [MoELayer.from_encoded(router, enc, weight_dtype=p.dtype,
+                                              shared_expert_gate=sh, threads=job.get("threads"),
+                                              lib=job["lib"], **route)
+                        for _ in range(resident_copies(p.layer_bytes, _llc_total_here()) - 1)]
+    ptrs = ffi.new("colibri_layer *[]", [c._ptr for c in copies])
+
     def bench(warm, seconds, most):
-        return lib.colibri_bench_layer(layer._ptr, ffi.from_buffer("float[]", xs), n_inputs, p.T,
-                                       ffi.from_buffer("float[]", out), layer.threads, warm,
-                                       seconds, most, ffi.from_buffer("double[]", samples), n)
+        return lib.colibri_bench_layers(ptrs, len(copies), ffi.from_buffer("float[]", xs), n_inputs,
+                                        p.T, ffi.from_buffer("float[]", out), layer.threads, warm,
+                                        seconds, most, ffi.from_buffer("double[]", samples), n)
 
     # a short warm-up first, so that memory sampled around the timing loop only grows
     # if the variant leaks; the loop's own warm-up calls count as calls

@@ -238,6 +238,13 @@ static void test_layer(void) {
     INVALID(colibri_bench_layer(L, x, 1, 1, y, 1, 0, NAN, 4, samples, &ns), "NaN");
     CHECK(colibri_bench_layer(L, x, 1, 1, y, 1, 0, 0.0, 2, samples, &ns) == COLIBRI_OK && ns == 1,
           NULL);
+    colibri_layer *two[2] = {L, L}, *holed[2] = {L, NULL};
+    INVALID(colibri_bench_layers(NULL, 1, x, 1, 1, y, 1, 0, 0.0, 4, samples, &ns), "NULL");
+    INVALID(colibri_bench_layers(two, 0, x, 1, 1, y, 1, 0, 0.0, 4, samples, &ns), "n_layers");
+    INVALID(colibri_bench_layers(two, -1, x, 1, 1, y, 1, 0, 0.0, 4, samples, &ns), "n_layers");
+    INVALID(colibri_bench_layers(holed, 2, x, 1, 1, y, 1, 0, 0.0, 4, samples, &ns), "layer 1 is NULL");
+    CHECK(colibri_bench_layers(two, 2, x, 1, 1, y, 1, 1, 0.0, 3, samples, &ns) == COLIBRI_OK && ns == 1,
+          NULL);
     colibri_layer_free(L);
 }
 
