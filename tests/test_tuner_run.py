@@ -384,3 +384,22 @@ def test_load_warning_names_the_threads_whose_timings_will_be_noisy():
     w = load_warning(3.1, cpus=2, threads=2)
     assert w and "3.10" in w and "at 2 threads will be noisy" in w
     assert load_warning(5.0, cpus=8, threads=4) is not None
+
+
+def test_worker_memory_cap_holds_the_reference_weights_and_every_layer_copy():
+    # an int8 worker holds the f32 weights it verifies against (4x its own) and 3 copies
+    # of the layer on a 300 MiB LLC: a cap from the int8 bytes alone failed its mmap
+    from dataclasses import replace
+
+    from tuner.bandwidth import resident_copies
+    from tuner.problems import problem
+    from tuner.run import worker_memory_cap
+
+    llc = 300 << 20
+    for name in ("qwen3-30b-a3b/decode/int8", "qwen3-30b-a3b/decode/int4",
+                 "mixtral-8x7b/decode/f32"):
+        p = problem(name)
+        held = (replace(p, dtype="f32").layer_bytes
+                + (1 + resident_copies(p.layer_bytes, llc)) * p.layer_bytes)
+        assert worker_memory_cap([p], llc) >= held + (2 << 30)
+    assert worker_memory_cap([problem("tiny/decode/f32")], llc) == 4 << 30

@@ -51,6 +51,20 @@ QUICK = {
 }
 
 
+def worker_memory_cap(problems, llc_total: int | None = None) -> int:
+    """Address-space cap of a measuring worker, twice what it needs plus 2 GiB: it holds
+    the f32 weights it verifies against, the encoded weights, and the layer with the
+    copies it cycles through (bandwidth.resident_copies)."""
+    from dataclasses import replace
+
+    from .bandwidth import _llc_total_here, resident_copies
+
+    llc = llc_total if llc_total is not None else _llc_total_here()
+    need = max(replace(p, dtype="f32").layer_bytes
+               + (1 + resident_copies(p.layer_bytes, llc)) * p.layer_bytes for p in problems)
+    return max(4 << 30, 2 * need + (2 << 30))
+
+
 def in_class(p, cls: str) -> bool:
     """Decode kernels serve experts with <= 2 tokens (CB_DECODE_MAX_TOKENS in the template)."""
     decode = p.T <= 2
@@ -205,8 +219,7 @@ class Tuner:
         inject = self.cfg.inject or {}
         if vid in inject or "*" in inject:
             job["inject"] = inject.get(vid, inject.get("*"))
-        mem = max(4 << 30, 4 * max(p.E * p.expert_bytes for p in self.problems) + (2 << 30))
-        return worker.measure(job, self.cfg.worker_timeout_s, mem)
+        return worker.measure(job, self.cfg.worker_timeout_s, worker_memory_cap(self.problems))
 
     def _put(self, knobs, prob, status, reason, samples=(), err=None) -> Measurement:
         med = spread = gbps = frac = None
@@ -470,7 +483,8 @@ def _retime(t: Tuner, finals: list[dict], baseline: dict) -> list[dict]:
         t.say(f"finalists unchanged: re-timing taken from {cache.name}")
         return json.loads(cache.read_text())
     out = _retime_measure(t, finals, baseline)
-    render.atomic_write(cache, json.dumps(out, indent=1))
+    if out:  # a re-timing where every finalist failed is not worth keeping
+        render.atomic_write(cache, json.dumps(out, indent=1))
     return out
 
 
@@ -559,15 +573,18 @@ def print_summary(summary: dict, out=None) -> None:
         print(f"  class {c['class']}: {c['strategy']}, {c['evaluations']} of {c['space_size']} "
               f"variant(s) evaluated", file=out)
     bw = summary.get("read_bandwidth_gbps")
-    hdr = f"{'kernel':11} {'problem':32} {'default':>11} {'tuned':>11} {'speed-up':>8} {'GB/s':>7} {'% of bw':>8}"
+    # a problem appears once per class that tuned knobs on it (decode/int8: the decode
+    # knobs, then its prefetch distance), each row against that class's own default
+    hdr = (f"{'class':12} {'problem':32} {'default':>11} {'tuned':>11} {'speed-up':>8} {'GB/s':>7} "
+           f"{'% of bw':>8}")
     print(hdr, file=out)
     for r in summary["rows"]:
         d = f"{r['default_s'] * 1e3:.3f} ms" if r["default_s"] else "-"
         sp = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         g = f"{r['gbps']:.1f}" if r["gbps"] else "-"
         f = f"{100 * r['bw_fraction']:.0f}%" if r["bw_fraction"] else "-"
-        print(f"{KERNEL:11} {r['problem']:32} {d:>11} {r['tuned_s'] * 1e3:8.3f} ms {sp:>8} {g:>7} {f:>8}",
-              file=out)
+        print(f"{r['class']:12} {r['problem']:32} {d:>11} {r['tuned_s'] * 1e3:8.3f} ms {sp:>8} {g:>7} "
+              f"{f:>8}", file=out)
     if bw:
         print(f"(% of bw: decode weight bytes per second over the measured read bandwidth, "
               f"{bw:.1f} GB/s)", file=out)
