@@ -155,7 +155,7 @@ GENERIC_PREFETCH = get_profile("generic").knobs["prefetch"]
 
 def tune(tmp_path, templates, store, *extra):
     args = ["run", "--problem", P1, "--profile", "generic", "--strategy", "exhaustive", "--threads", "1",
-            "--min-seconds", "0.05", "--no-bandwidth", "--no-report", "--build-dir", str(tmp_path / "build"),
+            "--min-seconds", "0.2", "--no-bandwidth", "--no-report", "--build-dir", str(tmp_path / "build"),
             "--store", str(store), "--json", "--space", "isa=portable", "--space", "rows=2",
             "--space", "tok_block=1", "--space", "unroll=2", "--space", f"prefetch={GENERIC_PREFETCH}",
             "--space", "fault=none,slow,slower,slowest", *extra]
