@@ -60,19 +60,28 @@ def default_library_path() -> Path:
         return Path(env)
     from tuner import hostmatch  # light import: no numpy, no building
 
-    newest = newest_source_mtime()
     tuned = hostmatch.tuned_library_path(build_dir_default())
     if tuned is not None and tuned.exists():
-        if tuned.stat().st_mtime >= newest:
+        if is_current(tuned):
             return tuned
         warnings.warn(f"colibri: the tuned library {tuned} is older than the engine's sources; "
                       "using the default build (re-run `python -m tuner run` to tune again)",
                       stacklevel=2)
-    profile = hostmatch.host_profile_name()
-    path = build_dir_default() / profile / "libcolibri.so"
-    if not path.exists() or path.stat().st_mtime < newest:
-        build_profile(profile)  # scons rebuilds only what changed
-        os.utime(path)          # and found the rest up to date: checked as of now
+    return current_default_build(hostmatch.host_profile_name())
+
+
+def is_current(lib: Path) -> bool:
+    """Whether a library is at least as new as the engine's sources."""
+    return lib.stat().st_mtime >= newest_source_mtime()
+
+
+def current_default_build(profile: str, build_dir: str | os.PathLike | None = None,
+                          quiet: bool = False) -> Path:
+    """The profile's default library, (re)built when missing or older than the sources."""
+    path = Path(build_dir or build_dir_default()) / profile / "libcolibri.so"
+    if not path.exists() or not is_current(path):
+        build_profile(profile, build_dir=build_dir, quiet=quiet)  # scons rebuilds only what changed
+        os.utime(path)  # and found the rest up to date: checked as of now
     return path
 
 

@@ -202,18 +202,12 @@ def blas_info() -> list[dict]:
 
 def _libs(build_dir: Path, profile: str, say) -> dict[str, Path]:
     """colibri-default, and colibri-tuned when a tuned library exists for this host."""
-    from colibri._lib import build_profile, newest_source_mtime
+    from colibri._lib import current_default_build, is_current
 
-    newest = newest_source_mtime()
-    default_lib = build_dir / profile / "libcolibri.so"
-    if not default_lib.exists() or default_lib.stat().st_mtime < newest:
-        say(f"building the default library ({profile})")
-        build_profile(profile, build_dir=build_dir)  # scons rebuilds only what changed
-        os.utime(default_lib)
-    libs = {"colibri-default": default_lib}
+    libs = {"colibri-default": current_default_build(profile, build_dir)}
     tuned = hostmatch.tuned_library_path(build_dir)
     if tuned is not None and tuned.exists():
-        if tuned.stat().st_mtime >= newest:
+        if is_current(tuned):
             libs["colibri-tuned"] = tuned
         else:
             say(f"bench: the tuned library {tuned} is older than the engine's sources: "
