@@ -10,29 +10,34 @@ from colibri._lib import build_profile
 from tuner import render
 
 # (isa, decode rows, tok_block, unroll, prefetch, prefetch_int8, prefetch_int4,
-#  prefill rows, tok_block, unroll, prefetch): every value of each knob appears at least once
+#  prefill rows, tok_block, unroll, prefetch, gemm rows, vecs, kc, min_tokens):
+# every value of each knob appears at least once
 CORNERS = [
-    ("scalar", 1, 1, 1, 0, 0, 0, 1, 1, 1, 0),
-    ("scalar", 2, 2, 4, 512, 2048, 1024, 4, 4, 1, 2048),
-    ("portable", 4, 2, 1, 2048, 4096, 2048, 2, 4, 2, 256),
-    ("portable", 1, 2, 4, 512, 8192, 4096, 1, 2, 4, 512),
-    ("avx2", 2, 1, 4, 8192, 16384, 8192, 4, 2, 2, 1024),
-    ("avx2", 4, 2, 2, 2048, 8192, 2048, 2, 2, 4, 0),
-    ("avx512", 1, 2, 4, 8192, 16384, 8192, 1, 4, 4, 512),
-    ("avx512", 4, 1, 2, 0, 0, 0, 4, 4, 1, 2048),
+    ("scalar", 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 2, 1, 128, 4),
+    ("scalar", 2, 2, 4, 512, 2048, 1024, 4, 4, 1, 2048, 3, 2, 256, 8),
+    ("portable", 4, 2, 1, 2048, 4096, 2048, 2, 4, 2, 256, 4, 2, 512, 16),
+    ("portable", 1, 2, 4, 512, 8192, 4096, 1, 2, 4, 512, 6, 1, 128, 32),
+    ("avx2", 2, 1, 4, 8192, 16384, 8192, 4, 2, 2, 1024, 2, 2, 256, 4),
+    ("avx2", 4, 2, 2, 2048, 8192, 2048, 2, 2, 4, 0, 3, 1, 512, 8),
+    ("avx512", 1, 2, 4, 8192, 16384, 8192, 1, 4, 4, 512, 6, 2, 128, 16),
+    ("avx512", 4, 1, 2, 0, 0, 0, 4, 4, 1, 2048, 4, 1, 256, 4),
 ]
 
 
 @pytest.fixture(scope="module")
 def cases():
+    # the third: an expert with > 128 tokens (two token chunks of the gemm path), more rows
+    # than one row chunk and more columns than one k-tile
     return [make_case(H=67, I=45, E=8, k=3, S=21, gated=True, seed=1),
-            make_case(H=130, I=64, E=5, k=2, scoring="softmax_topk", seed=2)]
+            make_case(H=130, I=64, E=5, k=2, scoring="softmax_topk", seed=2),
+            make_case(H=300, I=301, E=2, k=1, S=129, seed=3)]
 
 
 @pytest.mark.parametrize("isa,rows,tok_block,unroll,prefetch,pf_int8,pf_int4,"
-                         "p_rows,p_tok_block,p_unroll,p_prefetch", CORNERS)
+                         "p_rows,p_tok_block,p_unroll,p_prefetch,g_rows,g_vecs,g_kc,g_min", CORNERS)
 def test_corner_builds_and_is_correct(tmp_path, cases, isa, rows, tok_block, unroll, prefetch,
-                                      pf_int8, pf_int4, p_rows, p_tok_block, p_unroll, p_prefetch):
+                                      pf_int8, pf_int4, p_rows, p_tok_block, p_unroll, p_prefetch,
+                                      g_rows, g_vecs, g_kc, g_min):
     profile = {"avx512": "x86-64-v4", "avx2": "x86-64-v3"}.get(isa, "generic")
     from tuner import cpuinfo, profiles
 
@@ -41,14 +46,16 @@ def test_corner_builds_and_is_correct(tmp_path, cases, isa, rows, tok_block, unr
         pytest.skip(f"{profile} kernels cannot run on this host: {why}")
     knobs = dict(isa=isa, rows=rows, tok_block=tok_block, unroll=unroll, prefetch=prefetch,
                  prefetch_int8=pf_int8, prefetch_int4=pf_int4, prefill_rows=p_rows, prefill_tok_block=p_tok_block, prefill_unroll=p_unroll,
-                 prefill_prefetch=p_prefetch)
+                 prefill_prefetch=p_prefetch, gemm_rows=g_rows, gemm_vecs=g_vecs, gemm_kc=g_kc,
+                 gemm_min_tokens=g_min)
     cfg = render.write_config_h(tmp_path / "config.h", knobs, signature="0", profile=profile)
     lib = build_profile(profile, config=cfg, build_dir=tmp_path / "build", quiet=True)
     for case in cases:
         for dtype in ("f32", "bf16", "int8", "int4"):
             L = colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype=dtype,
                                  lib=lib, **case.layer_kwargs())
-            for T in (1, 2, 7, 40):  # decode class (<= 2 tokens per expert) and prefill
+            # decode class (<= 2 tokens per expert), prefill dot kernels and the gemm path
+            for T in ((1, 2, 7, 40) if case.hidden < 300 else (40, 300)):
                 x = case.inputs(T, seed=T)
                 assert_engine(L(x), case.reference(x, dtype), dtype)
 
@@ -56,7 +63,8 @@ def test_corner_builds_and_is_correct(tmp_path, cases, isa, rows, tok_block, unr
 def test_corners_cover_every_knob_value():
     spec = render.load_knob_spec("expert_ffn")
     names = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "prefetch_int4",
-             "prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch"]
+             "prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch",
+             "gemm_rows", "gemm_vecs", "gemm_kc", "gemm_min_tokens"]
     assert set(names) == set(spec.knobs)
     for i, name in enumerate(names):
         assert {c[i] for c in CORNERS} == set(spec.knobs[name].values), name

@@ -38,6 +38,7 @@ CLASSES = {
     "decode_int8": ("prefetch_int8",),
     "decode_int4": ("prefetch_int4",),
     "prefill": ("prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch"),
+    "gemm": ("gemm_rows", "gemm_vecs", "gemm_kc", "gemm_min_tokens"),
 }
 CLASS_KNOBS = tuple(k for knobs in CLASSES.values() for k in knobs)
 # --quick: the profile's ISA and the corners of the block knobs around the default
@@ -48,6 +49,8 @@ QUICK = {
     "decode_int4": lambda d: {"prefetch_int4": sorted({0, d["prefetch_int4"]})},
     "prefill": lambda d: {"prefill_rows": [2, 4], "prefill_tok_block": [2, 4],
                           "prefill_unroll": [1, 2], "prefill_prefetch": [d["prefill_prefetch"]]},
+    "gemm": lambda d: {"gemm_rows": sorted({2, d["gemm_rows"]}), "gemm_vecs": [d["gemm_vecs"]],
+                       "gemm_kc": [d["gemm_kc"]], "gemm_min_tokens": sorted({4, d["gemm_min_tokens"]})},
 }
 
 
@@ -66,12 +69,15 @@ def worker_memory_cap(problems, llc_total: int | None = None) -> int:
 
 
 def in_class(p, cls: str) -> bool:
-    """Decode kernels serve experts with <= 2 tokens (CB_DECODE_MAX_TOKENS in the template)."""
+    """Decode kernels serve experts with <= 2 tokens (CB_DECODE_MAX_TOKENS in the template);
+    the gemm path serves f32/bf16 experts with many tokens."""
     decode = p.T <= 2
     if cls == "decode":
         return decode
     if cls.startswith("decode_"):
         return decode and p.dtype == cls[len("decode_"):]
+    if cls == "gemm":
+        return not decode and p.dtype in ("f32", "bf16")
     return not decode
 
 
