@@ -34,3 +34,13 @@ def test_bench_runs_and_writes_json(tmp_path):
     assert bound["tiny/decode/int4"] < bound["tiny/decode/int8"] < bound["tiny/decode/f32"]
     route = data["routing"][0]
     assert route["T"] == 512 and route["route_seconds"] > 0 and route["pct_of_layer"] > 0
+
+
+def test_rounds_rotate_which_implementation_goes_first():
+    from tuner.bench import round_order
+
+    names = ["colibri-tuned", "colibri-default", "numpy", "torch"]
+    orders = [round_order(names, r) for r in range(4)]
+    assert [o[0] for o in orders] == names            # each one first once in 4 rounds
+    assert all(sorted(o) == sorted(names) for o in orders)
+    assert round_order(names, 4) == names and round_order([], 3) == []

@@ -219,20 +219,31 @@ def _bytes_per_token(p) -> int | None:
     return p.decode_bytes if p.T == 1 else None
 
 
+def round_order(names: list, r: int) -> list:
+    """The order round r times the implementations in: rotated by r."""
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
 def bench_group(p, p_peer, layers, peers, xs, threads, rounds, min_seconds, bw_fn) -> list[dict]:
     """Interleaved rounds over one (problem, threads) group -> one row per implementation.
     The peers (NumPy, PyTorch) run problem p_peer: the same shape and phase in f32."""
-    per = {name: [] for name in [*layers, *peers]}
+    names = [*layers, *peers]
+    per = {name: [] for name in names}
     bws = []
-    for _ in range(rounds):
+    for r in range(rounds):
         b = bw_fn(threads)
         if b:
             bws.append(b)
-        for name, layer in layers.items():
-            per[name].append(time_colibri(layer, xs, threads, min_seconds))
-        with pinned_threads(threads):
-            for name, fn in peers.items():
-                per[name].append(time_python(fn, xs, min_seconds))
+        # each round starts one implementation later: on this VM the implementation timed
+        # right after the (memory-bound) bandwidth pass ran measurably faster at 2 threads
+        # than the next one on identical code (tuned/default 0.70-0.86 on prefill rows)
+        for name in round_order(names, r):
+            if name in layers:
+                per[name].append(time_colibri(layers[name], xs, threads, min_seconds))
+            else:
+                with pinned_threads(threads):
+                    per[name].append(time_python(peers[name], xs, min_seconds))
     bw = _median(bws) if bws else None
     rows = []
     for name, ts in per.items():

@@ -68,6 +68,15 @@ def worker_memory_cap(problems, llc_total: int | None = None) -> int:
     return max(4 << 30, 2 * need + (2 << 30))
 
 
+def _current(t, m: Measurement) -> bool:
+    """m was measured with this run's compiler, flags, template and engine sources (a store
+    keeps the failures of older code too; they say nothing about this run's variants)."""
+    try:
+        return t.key(m.knobs, problems_mod.problem(m.problem)) == m.key
+    except (ValueError, KeyError):
+        return False
+
+
 def in_class(p, cls: str) -> bool:
     """Decode kernels serve experts with <= 2 tokens (CB_DECODE_MAX_TOKENS in the template);
     the gemm path serves f32/bf16 experts with many tokens."""
@@ -474,7 +483,7 @@ def _finalists(t: Tuner, result, baseline: dict) -> list[dict]:
 
 
 def _retime(t: Tuner, finals: list[dict], baseline: dict) -> list[dict]:
-    """Finalists and the default timed again, interleaved (A B C A B C ...), so that a
+    """Finalists and the default timed again, interleaved (A B C, B C A, ...), so that a
     drift of the machine hits all of them alike; the winner is chosen on these.
 
     Kept beside the store under the hash of the finalists' signatures: a re-run that
@@ -499,8 +508,10 @@ def _retime_measure(t: Tuner, finals: list[dict], baseline: dict) -> list[dict]:
             / "libcolibri.so" for k in finals}
     per = {variant_id(k): [] for k in finals}
     t.say(f"re-timing {len(finals)} finalist(s) interleaved, {t.cfg.retime_rounds} round(s)")
-    for _ in range(t.cfg.retime_rounds):
-        for k in finals:
+    from .bench import round_order
+
+    for r in range(t.cfg.retime_rounds):
+        for k in round_order(finals, r):  # no finalist always first
             vid = variant_id(k)
             outs = t.run_worker(libs[vid], vid, max(0.1, t.cfg.min_seconds / 2))
             if any(o.status != "ok" for o in outs):
@@ -539,7 +550,8 @@ def _summary(t: Tuner, classes: list[dict], knobs: dict, wall: float) -> dict:
                          "gbps": gbps, "bw_fraction": (gbps / bw) if gbps and bw else None,
                          "gflops": p.flops / tuned / 1e9})
     complete = bool(classes) and all(c["winner"] for c in classes)
-    failed = [m for m in t.store.query(kernel=KERNEL, host_id=t.host_id) if m.status != "ok"]
+    failed = [m for m in t.store.query(kernel=KERNEL, host_id=t.host_id)
+              if m.status != "ok" and _current(t, m)]
     return {
         "host_id": t.host_id, "profile": t.profile_name,
         "compiler": {"family": t.resolved.compiler.family, "version": t.resolved.version,
