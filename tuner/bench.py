@@ -30,6 +30,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -148,7 +149,11 @@ def torch_layer_fn(w, p):
     torch = _torch()
     if torch is None:
         return None
-    tw = {k: torch.from_numpy(np.asarray(v)) for k, v in w.items()}
+    # the weights are a read-only mapping; torch warns that it could write through it,
+    # which this inference-only function never does
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        tw = {k: torch.from_numpy(np.asarray(v)) for k, v in w.items()}
     silu = torch.nn.functional.silu
 
     def fn(x):
