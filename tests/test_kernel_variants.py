@@ -9,19 +9,29 @@ from moe_data import assert_engine, make_case
 from colibri._lib import build_profile
 from tuner import render
 
-# (isa, decode rows, tok_block, unroll, prefetch, prefetch_int8, prefetch_int4,
-#  prefill rows, tok_block, unroll, prefetch, gemm rows, vecs, kc, min_tokens):
-# every value of each knob appears at least once
+# (isa, profile, decode rows, tok_block, unroll, prefetch, prefetch_int8, prefetch_int4,
+#  prefill rows, tok_block, unroll, prefetch, gemm rows, vecs, kc, min_tokens,
+#  int gemm rows, vecs): every value of each knob appears at least once, and the int gemm
+# knobs each on a profile with a VNNI dot-product instruction (without one, int experts
+# take the dot kernels, which the other corners cover)
 CORNERS = [
-    ("scalar", 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 2, 1, 128, 4),
-    ("scalar", 2, 2, 4, 512, 2048, 1024, 4, 4, 1, 2048, 3, 2, 256, 8),
-    ("portable", 4, 2, 1, 2048, 4096, 2048, 2, 4, 2, 256, 4, 2, 512, 16),
-    ("portable", 1, 2, 4, 512, 8192, 4096, 1, 2, 4, 512, 6, 1, 128, 32),
-    ("avx2", 2, 1, 4, 8192, 16384, 8192, 4, 2, 2, 1024, 2, 2, 256, 4),
-    ("avx2", 4, 2, 2, 2048, 8192, 2048, 2, 2, 4, 0, 3, 1, 512, 8),
-    ("avx512", 1, 2, 4, 8192, 16384, 8192, 1, 4, 4, 512, 6, 2, 128, 16),
-    ("avx512", 4, 1, 2, 0, 0, 0, 4, 4, 1, 2048, 4, 1, 256, 4),
+    ("scalar", "generic", 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 2, 1, 128, 4, 2, 1),
+    ("scalar", "generic", 2, 2, 4, 512, 2048, 1024, 4, 4, 1, 2048, 3, 2, 256, 8, 3, 2),
+    ("portable", "generic", 4, 2, 1, 2048, 4096, 2048, 2, 4, 2, 256, 4, 2, 512, 16, 4, 1),
+    ("portable", "generic", 1, 2, 4, 512, 8192, 4096, 1, 2, 4, 512, 6, 1, 128, 32, 2, 2),
+    ("avx2", "x86-64-v3", 2, 1, 4, 8192, 16384, 8192, 4, 2, 2, 1024, 2, 2, 256, 4, 3, 1),
+    ("avx2", "sapphirerapids", 4, 2, 2, 2048, 8192, 2048, 2, 2, 4, 0, 3, 1, 512, 8, 2, 2),
+    ("avx512", "icelake-server", 1, 2, 4, 8192, 16384, 8192, 1, 4, 4, 512, 6, 2, 128, 16, 3, 2),
+    ("avx512", "x86-64-v4", 4, 1, 2, 0, 0, 0, 4, 4, 1, 2048, 4, 1, 256, 4, 4, 1),
+    ("avx512", "sapphirerapids", 2, 2, 2, 512, 4096, 1024, 2, 2, 1, 0, 2, 1, 512, 32, 4, 1),
 ]
+KNOBS = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "prefetch_int4",
+         "prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch",
+         "gemm_rows", "gemm_vecs", "gemm_kc", "gemm_min_tokens", "igemm_rows", "igemm_vecs"]
+
+
+def _knobs(corner):
+    return dict(zip(KNOBS, corner[:1] + corner[2:]))
 
 
 @pytest.fixture(scope="module")
@@ -33,21 +43,15 @@ def cases():
             make_case(H=300, I=301, E=2, k=1, S=129, seed=3)]
 
 
-@pytest.mark.parametrize("isa,rows,tok_block,unroll,prefetch,pf_int8,pf_int4,"
-                         "p_rows,p_tok_block,p_unroll,p_prefetch,g_rows,g_vecs,g_kc,g_min", CORNERS)
-def test_corner_builds_and_is_correct(tmp_path, cases, isa, rows, tok_block, unroll, prefetch,
-                                      pf_int8, pf_int4, p_rows, p_tok_block, p_unroll, p_prefetch,
-                                      g_rows, g_vecs, g_kc, g_min):
-    profile = {"avx512": "x86-64-v4", "avx2": "x86-64-v3"}.get(isa, "generic")
+@pytest.mark.parametrize("corner", CORNERS, ids=lambda c: "-".join(map(str, c)))
+def test_corner_builds_and_is_correct(tmp_path, cases, corner):
+    profile = corner[1]
     from tuner import cpuinfo, profiles
 
     ok, why = profiles.runs_on(profiles.get_profile(profile), cpuinfo.host_cpu())
     if not ok:
         pytest.skip(f"{profile} kernels cannot run on this host: {why}")
-    knobs = dict(isa=isa, rows=rows, tok_block=tok_block, unroll=unroll, prefetch=prefetch,
-                 prefetch_int8=pf_int8, prefetch_int4=pf_int4, prefill_rows=p_rows, prefill_tok_block=p_tok_block, prefill_unroll=p_unroll,
-                 prefill_prefetch=p_prefetch, gemm_rows=g_rows, gemm_vecs=g_vecs, gemm_kc=g_kc,
-                 gemm_min_tokens=g_min)
+    knobs = _knobs(corner)
     cfg = render.write_config_h(tmp_path / "config.h", knobs, signature="0", profile=profile)
     lib = build_profile(profile, config=cfg, build_dir=tmp_path / "build", quiet=True)
     for case in cases:
@@ -62,9 +66,12 @@ def test_corner_builds_and_is_correct(tmp_path, cases, isa, rows, tok_block, unr
 
 def test_corners_cover_every_knob_value():
     spec = render.load_knob_spec("expert_ffn")
-    names = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "prefetch_int4",
-             "prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch",
-             "gemm_rows", "gemm_vecs", "gemm_kc", "gemm_min_tokens"]
-    assert set(names) == set(spec.knobs)
-    for i, name in enumerate(names):
-        assert {c[i] for c in CORNERS} == set(spec.knobs[name].values), name
+    assert set(KNOBS) == set(spec.knobs)
+    for name in KNOBS:
+        assert {_knobs(c)[name] for c in CORNERS} == set(spec.knobs[name].values), name
+    # the int gemm knobs, on profiles whose ISA has a dot-product instruction
+    vnni = [_knobs(c) for c in CORNERS if c[1] in ("icelake-server", "sapphirerapids")]
+    for name in ("igemm_rows", "igemm_vecs"):
+        assert {k[name] for k in vnni} == set(spec.knobs[name].values), name
+    for c in CORNERS:
+        render.validate_knobs(spec, _knobs(c))

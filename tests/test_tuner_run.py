@@ -46,13 +46,14 @@ def make_broken_templates(d: Path) -> Path:
     marker = "void cbk_gateup(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, int ldx,\n                const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh, void *ws) {\n"
     assert marker in src
     inject = "".join(f'{{% if fault == "{k}" %}}    {v}\n{{% endif %}}' for k, v in FAULTS.items())
-    end = "    case COLIBRI_INT4: (dec ? gateup_i4_dec : gateup_i4_pre)(gate, up, X, ldx, tok, ntok, r0, r1, Hout, ldh, ws); break;\n    }\n"
-    assert end in src
-    src = src.replace(end, end + '{% if fault == "wrong" %}' + WRONG + "{% endif %}"
-                      + '{% if fault == "oob_scratch" %}' + OOB_SCRATCH + "{% endif %}")
-    end_acc = "    case COLIBRI_INT4: (dec ? rows_acc_i4_dec : rows_acc_i4_pre)(m, Hin, ldh, ntok, tw, tok, r0, r1, Y, ldy, ws); break;\n    }\n"
-    assert end_acc in src
-    src = src.replace(end_acc, end_acc + '{% if fault == "oob_out" %}' + OOB_OUT + "{% endif %}")
+    # after each entry point's dtype switch, before the function's closing brace
+    end, nxt = "    }\n", "}\n\nvoid cbk_rows_acc("
+    assert src.count(end + nxt) == 1
+    src = src.replace(end + nxt, end + '{% if fault == "wrong" %}' + WRONG + "{% endif %}"
+                      + '{% if fault == "oob_scratch" %}' + OOB_SCRATCH + "{% endif %}" + nxt)
+    nxt_acc = "}\n\n/* thread splits"
+    assert src.count(end + nxt_acc) == 1
+    src = src.replace(end + nxt_acc, end + '{% if fault == "oob_out" %}' + OOB_OUT + "{% endif %}" + nxt_acc)
     src = src.replace("#include <string.h>\n", "#include <stdlib.h>\n#include <string.h>\n", 1)
     (d / "expert_ffn.c.j2").write_text(src.replace(marker, marker + inject))
     knobs = (d / "expert_ffn.knobs.yaml").read_text().replace(

@@ -90,8 +90,10 @@ def problem(name: str) -> Problem:
 
 
 # What `tuner run` tunes by default, and with --quick. Prefill at T=128 gives Qwen3's
-# experts ~8 tokens each (the prefill dot kernels), at T=512 ~32 (the gemm path).
+# experts ~8 tokens each (the prefill dot kernels), at T=512 ~32 (the gemm paths, float
+# and integer).
 DEFAULT_PROBLEMS = ("qwen3-30b-a3b/decode/f32", "qwen3-30b-a3b/decode/bf16",
                     "qwen3-30b-a3b/decode/int8", "qwen3-30b-a3b/decode/int4",
-                    "qwen3-30b-a3b/prefill/f32", "qwen3-30b-a3b/prefill512/f32")
+                    "qwen3-30b-a3b/prefill/f32", "qwen3-30b-a3b/prefill512/f32",
+                    "qwen3-30b-a3b/prefill512/int8")
 QUICK_PROBLEMS = ("qwen3-30b-a3b/decode/f32", "qwen3-30b-a3b/prefill64/f32")

@@ -39,6 +39,7 @@ CLASSES = {
     "decode_int4": ("prefetch_int4",),
     "prefill": ("prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch"),
     "gemm": ("gemm_rows", "gemm_vecs", "gemm_kc", "gemm_min_tokens"),
+    "igemm": ("igemm_rows", "igemm_vecs"),
 }
 CLASS_KNOBS = tuple(k for knobs in CLASSES.values() for k in knobs)
 # --quick: the profile's ISA and the corners of the block knobs around the default
@@ -51,6 +52,7 @@ QUICK = {
                           "prefill_unroll": [1, 2], "prefill_prefetch": [d["prefill_prefetch"]]},
     "gemm": lambda d: {"gemm_rows": sorted({2, d["gemm_rows"]}), "gemm_vecs": [d["gemm_vecs"]],
                        "gemm_kc": [d["gemm_kc"]], "gemm_min_tokens": sorted({4, d["gemm_min_tokens"]})},
+    "igemm": lambda d: {"igemm_rows": sorted({2, d["igemm_rows"]}), "igemm_vecs": [d["igemm_vecs"]]},
 }
 
 
@@ -79,14 +81,15 @@ def _current(t, m: Measurement) -> bool:
 
 def in_class(p, cls: str) -> bool:
     """Decode kernels serve experts with <= 2 tokens (CB_DECODE_MAX_TOKENS in the template);
-    the gemm path serves f32/bf16 experts with many tokens."""
+    the gemm path serves experts with many tokens (its k-tile and threshold every dtype,
+    its f32/bf16 and int8/int4 register blocks their own dtypes)."""
     decode = p.T <= 2
     if cls == "decode":
         return decode
     if cls.startswith("decode_"):
         return decode and p.dtype == cls[len("decode_"):]
-    if cls == "gemm":
-        return not decode and p.dtype in ("f32", "bf16")
+    if cls == "igemm":
+        return not decode and p.dtype in ("int8", "int4")
     return not decode
 
 
