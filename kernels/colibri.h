@@ -93,6 +93,10 @@ int colibri_get_num_threads(void);
  * surrounds each expert's scratch with canaries and fails with COLIBRI_ERR_CORRUPT if a
  * kernel overwrote one. Process-wide; returns the previous setting. */
 int colibri_set_guards(int on);
+/* 1 when this library runs f32/bf16 experts with many tokens on AMX tiles in this process
+ * (built for a target with AMX, the amx knob on, and Linux granted the tile state: asked
+ * on the first call), else 0. */
+int colibri_uses_amx(void);
 
 /* ---- memory pool: one page-aligned arena, bump-allocated ---- */
 typedef struct colibri_pool colibri_pool;

@@ -32,6 +32,13 @@ def test_bench_runs_and_writes_json(tmp_path):
     # a byte bound per dtype: int4 streams fewer bytes than int8, int8 fewer than f32
     bound = {r["case"]: r["bound_ms_per_token"] for r in data["rows"] if r["impl"] == "colibri-default"}
     assert bound["tiny/decode/int4"] < bound["tiny/decode/int8"] < bound["tiny/decode/f32"]
+    # whether each library runs its f32/bf16 gemm on AMX tiles, as the library says
+    from colibri._lib import open_library
+
+    assert set(data["amx"]) == set(data["libs"])
+    for name, path in data["libs"].items():
+        assert data["amx"][name] is bool(open_library(path).colibri_uses_amx())
+    assert "on AMX tiles: colibri-default" in res.stdout
     route = data["routing"][0]
     assert route["T"] == 512 and route["route_seconds"] > 0 and route["pct_of_layer"] > 0
 

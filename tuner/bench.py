@@ -280,6 +280,9 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=3, seed=
     profile = hostmatch.host_profile_name()
     libs = _libs(build_dir, profile, say)
     lib = open_library(libs["colibri-default"])
+    amx = {name: bool(open_library(path).colibri_uses_amx()) for name, path in libs.items()}
+    say("bench: f32/bf16 experts with many tokens on AMX tiles: "
+        + ", ".join(f"{name} {'yes' if on else 'no'}" for name, on in amx.items()))
     from .bandwidth import _llc_total_here, resident_copies, working_set_bytes
 
     llc = _llc_total_here()
@@ -331,7 +334,7 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=3, seed=
                            "pct_of_layer": 100 * t_route / fastest if fastest else None})
         say(_fmt_route(route_rows[-1]))
     return {"host_id": hostmatch.host_id(), "profile": profile,
-            "libs": {k: str(v) for k, v in libs.items()},
+            "libs": {k: str(v) for k, v in libs.items()}, "amx": amx,
             "blas_env": {k: os.environ.get(k) for k in BLAS_ENV}, "blas": blas_info(),
             "rounds": rounds, "min_seconds": min_seconds,
             "rows": rows, "routing": route_rows,

@@ -40,6 +40,7 @@ CLASSES = {
     "prefill": ("prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch"),
     "gemm": ("gemm_rows", "gemm_vecs", "gemm_kc", "gemm_min_tokens"),
     "igemm": ("igemm_rows", "igemm_vecs"),
+    "amx": ("amx", "amx_kc"),
 }
 CLASS_KNOBS = tuple(k for knobs in CLASSES.values() for k in knobs)
 # --quick: the profile's ISA and the corners of the block knobs around the default
@@ -53,6 +54,7 @@ QUICK = {
     "gemm": lambda d: {"gemm_rows": sorted({2, d["gemm_rows"]}), "gemm_vecs": [d["gemm_vecs"]],
                        "gemm_kc": [d["gemm_kc"]], "gemm_min_tokens": sorted({4, d["gemm_min_tokens"]})},
     "igemm": lambda d: {"igemm_rows": sorted({2, d["igemm_rows"]}), "igemm_vecs": [d["igemm_vecs"]]},
+    "amx": lambda d: {"amx": sorted({0, d["amx"]}), "amx_kc": [d["amx_kc"]]},
 }
 
 
@@ -82,7 +84,7 @@ def _current(t, m: Measurement) -> bool:
 def in_class(p, cls: str) -> bool:
     """Decode kernels serve experts with <= 2 tokens (CB_DECODE_MAX_TOKENS in the template);
     the gemm path serves experts with many tokens (its k-tile and threshold every dtype,
-    its f32/bf16 and int8/int4 register blocks their own dtypes)."""
+    its f32/bf16 and int8/int4 register blocks and the f32/bf16 AMX tiles their own dtypes)."""
     decode = p.T <= 2
     if cls == "decode":
         return decode
@@ -90,6 +92,8 @@ def in_class(p, cls: str) -> bool:
         return decode and p.dtype == cls[len("decode_"):]
     if cls == "igemm":
         return not decode and p.dtype in ("int8", "int4")
+    if cls == "amx":
+        return not decode and p.dtype in ("f32", "bf16")
     return not decode
 
 

@@ -69,6 +69,8 @@ static void create_fails(int line, colibri_layer_desc d, const char *word, const
 static void test_misc(void) {
     CHECK(colibri_version() && colibri_version()[0], NULL);
     CHECK(colibri_build_info() && colibri_build_info()[0] == '{', NULL);
+    const int amx = colibri_uses_amx(); /* asks Linux once; the answer stays */
+    CHECK((amx == 0 || amx == 1) && colibri_uses_amx() == amx, NULL);
     const int before = colibri_get_num_threads();
     INVALID(colibri_set_num_threads(-1), "n_threads");
     INVALID(colibri_set_num_threads(COLIBRI_MAX_THREADS + 1), "n_threads");
