@@ -11,29 +11,30 @@ from tuner import render
 
 # (isa, profile, decode rows, tok_block, unroll, prefetch, prefetch_int8, prefetch_int4,
 #  prefill rows, tok_block, unroll, prefetch, gemm rows, vecs, kc, min_tokens,
-#  int gemm rows, vecs, amx, amx_kc): every value of each knob appears at least once, the
-# int gemm knobs each on a profile with a VNNI dot-product instruction (without one, int
-# experts take the dot kernels, which the other corners cover), and the AMX knobs each on
-# the profile that targets AMX (elsewhere amx=1 compiles to the AVX-512 gemm)
+#  int gemm rows, vecs, amx, amx_kc, amx_f32_min_tokens): every value of each knob appears
+# at least once, the int gemm knobs each on a profile with a VNNI dot-product instruction
+# (without one, int experts take the dot kernels, which the other corners cover), and the
+# AMX knobs each on the profile that targets AMX (elsewhere amx=1 compiles to the AVX-512
+# gemm); the T=300 case's experts (~150 tokens) reach every f32 threshold
 CORNERS = [
-    ("scalar", "generic", 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 2, 1, 128, 4, 2, 1, 0, 256),
-    ("scalar", "generic", 2, 2, 4, 512, 2048, 1024, 4, 4, 1, 2048, 3, 2, 256, 8, 3, 2, 0, 256),
-    ("portable", "generic", 4, 2, 1, 2048, 4096, 2048, 2, 4, 2, 256, 4, 2, 512, 16, 4, 1, 0, 256),
-    ("portable", "generic", 1, 2, 4, 512, 8192, 4096, 1, 2, 4, 512, 6, 1, 128, 32, 2, 2, 0, 256),
-    ("avx2", "x86-64-v3", 2, 1, 4, 8192, 16384, 8192, 4, 2, 2, 1024, 2, 2, 256, 4, 3, 1, 1, 512),
-    ("avx2", "sapphirerapids", 4, 2, 2, 2048, 8192, 2048, 2, 2, 4, 0, 3, 1, 512, 8, 2, 2, 1, 256),
-    ("avx512", "icelake-server", 1, 2, 4, 8192, 16384, 8192, 1, 4, 4, 512, 6, 2, 128, 16, 3, 2, 1, 1024),
-    ("avx512", "x86-64-v4", 4, 1, 2, 0, 0, 0, 4, 4, 1, 2048, 4, 1, 256, 4, 4, 1, 0, 512),
-    ("avx512", "sapphirerapids", 2, 2, 2, 512, 4096, 1024, 2, 2, 1, 0, 2, 1, 512, 32, 4, 1, 1, 512),
-    # AMX tiles (f32/bf16 gemm): off, and each k-tile, on the profile that targets AMX
-    ("avx512", "sapphirerapids", 4, 1, 1, 2048, 2048, 2048, 4, 1, 2, 256, 3, 2, 256, 16, 2, 1, 0, 1024),
-    ("avx512", "sapphirerapids", 1, 1, 2, 0, 8192, 4096, 2, 4, 1, 1024, 4, 2, 128, 4, 3, 2, 1, 256),
-    ("avx512", "sapphirerapids", 2, 2, 1, 8192, 0, 1024, 1, 2, 2, 0, 6, 1, 512, 8, 2, 2, 1, 1024),
+    ("scalar", "generic", 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 2, 1, 128, 4, 2, 1, 0, 256, 64),
+    ("scalar", "generic", 2, 2, 4, 512, 2048, 1024, 4, 4, 1, 2048, 3, 2, 256, 8, 3, 2, 0, 256, 64),
+    ("portable", "generic", 4, 2, 1, 2048, 4096, 2048, 2, 4, 2, 256, 4, 2, 512, 16, 4, 1, 0, 256, 64),
+    ("portable", "generic", 1, 2, 4, 512, 8192, 4096, 1, 2, 4, 512, 6, 1, 128, 32, 2, 2, 0, 256, 64),
+    ("avx2", "x86-64-v3", 2, 1, 4, 8192, 16384, 8192, 4, 2, 2, 1024, 2, 2, 256, 4, 3, 1, 1, 512, 64),
+    ("avx2", "sapphirerapids", 4, 2, 2, 2048, 8192, 2048, 2, 2, 4, 0, 3, 1, 512, 8, 2, 2, 1, 256, 64),
+    ("avx512", "icelake-server", 1, 2, 4, 8192, 16384, 8192, 1, 4, 4, 512, 6, 2, 128, 16, 3, 2, 1, 1024, 64),
+    ("avx512", "x86-64-v4", 4, 1, 2, 0, 0, 0, 4, 4, 1, 2048, 4, 1, 256, 4, 4, 1, 0, 512, 64),
+    ("avx512", "sapphirerapids", 2, 2, 2, 512, 4096, 1024, 2, 2, 1, 0, 2, 1, 512, 32, 4, 1, 1, 512, 16),
+    # AMX tiles (f32/bf16 gemm): off, and each k-tile and f32 threshold, where AMX is built
+    ("avx512", "sapphirerapids", 4, 1, 1, 2048, 2048, 2048, 4, 1, 2, 256, 3, 2, 256, 16, 2, 1, 0, 1024, 64),
+    ("avx512", "sapphirerapids", 1, 1, 2, 0, 8192, 4096, 2, 4, 1, 1024, 4, 2, 128, 4, 3, 2, 1, 256, 32),
+    ("avx512", "sapphirerapids", 2, 2, 1, 8192, 0, 1024, 1, 2, 2, 0, 6, 1, 512, 8, 2, 2, 1, 1024, 128),
 ]
 KNOBS = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "prefetch_int4",
          "prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch",
          "gemm_rows", "gemm_vecs", "gemm_kc", "gemm_min_tokens", "igemm_rows", "igemm_vecs",
-         "amx", "amx_kc"]
+         "amx", "amx_kc", "amx_f32_min_tokens"]
 
 
 def _knobs(corner):
@@ -105,7 +106,7 @@ def test_corners_cover_every_knob_value():
         assert {k[name] for k in vnni} == set(spec.knobs[name].values), name
     # the AMX knobs, where AMX is compiled in
     amx = [_knobs(c) for c in CORNERS if c[:2] == ("avx512", "sapphirerapids")]
-    for name in ("amx", "amx_kc"):
+    for name in ("amx", "amx_kc", "amx_f32_min_tokens"):
         assert {k[name] for k in amx} == set(spec.knobs[name].values), name
     assert {k["amx_kc"] for k in amx if k["amx"]} == set(spec.knobs["amx_kc"].values)
     for c in CORNERS:

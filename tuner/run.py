@@ -40,7 +40,7 @@ CLASSES = {
     "prefill": ("prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch"),
     "gemm": ("gemm_rows", "gemm_vecs", "gemm_kc", "gemm_min_tokens"),
     "igemm": ("igemm_rows", "igemm_vecs"),
-    "amx": ("amx", "amx_kc"),
+    "amx": ("amx", "amx_kc", "amx_f32_min_tokens"),
 }
 CLASS_KNOBS = tuple(k for knobs in CLASSES.values() for k in knobs)
 # --quick: the profile's ISA and the corners of the block knobs around the default
@@ -54,7 +54,8 @@ QUICK = {
     "gemm": lambda d: {"gemm_rows": sorted({2, d["gemm_rows"]}), "gemm_vecs": [d["gemm_vecs"]],
                        "gemm_kc": [d["gemm_kc"]], "gemm_min_tokens": sorted({4, d["gemm_min_tokens"]})},
     "igemm": lambda d: {"igemm_rows": sorted({2, d["igemm_rows"]}), "igemm_vecs": [d["igemm_vecs"]]},
-    "amx": lambda d: {"amx": sorted({0, d["amx"]}), "amx_kc": [d["amx_kc"]]},
+    "amx": lambda d: {"amx": sorted({0, d["amx"]}), "amx_kc": [d["amx_kc"]],
+                      "amx_f32_min_tokens": [d["amx_f32_min_tokens"]]},
 }
 
 
