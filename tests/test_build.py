@@ -66,7 +66,7 @@ def test_build_info(generic):
     comp = profiles.probe_compiler("gcc")
     assert info["profile"] == "generic" and info["arch"] == cpuinfo.host_arch()
     assert info["kernel_isa"] == "portable" and info["knobs"]["isa"] == "portable"
-    assert set(info["knobs"]) >= {"isa", "rows", "tok_block", "unroll", "prefetch"}
+    assert set(info["knobs"]) >= {"isa", "rows", "tok_block", "unroll", "prefetch_f32", "prefetch_bf16"}
     assert info["compiler"]["version"] == comp.version and info["compiler"]["family"] == "gcc"
     assert info["cflags"][:6] == ["-O3", "-fPIC", "-fopenmp", "-std=c11", "-Wall", "-Wextra"]
     assert info["features"] == [] and info["config"] is None

@@ -11,7 +11,7 @@ from tuner import render
 
 # (isa, profile, decode rows, tok_block, unroll, prefetch, prefetch_int8, prefetch_int4,
 #  prefill rows, tok_block, unroll, prefetch, gemm rows, vecs, kc, min_tokens,
-#  int gemm rows, vecs, amx, amx_kc, amx_f32_min_tokens): every value of each knob appears
+#  int gemm rows, vecs, amx, amx_kc, amx_f32_min_tokens; see _knobs for the bf16 knobs): every value of each knob appears
 # at least once, the int gemm knobs each on a profile with a VNNI dot-product instruction
 # (without one, int experts take the dot kernels, which the other corners cover), and the
 # AMX knobs each on the profile that targets AMX (elsewhere amx=1 compiles to the AVX-512
@@ -38,11 +38,21 @@ KNOBS = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "pre
 
 
 def _knobs(corner):
-    return dict(zip(KNOBS, corner[:1] + corner[2:]))
+    """The corner's knob values. Its prefetch and amx columns drive both dtypes' knobs:
+    f32 takes them as written, bf16 the next corner's prefetch and, on every other
+    corner, the opposite amx switch (so f32 and bf16 differ in some corners)."""
+    k = dict(zip(KNOBS, corner[:1] + corner[2:]))
+    i = CORNERS.index(corner)
+    k["prefetch_f32"] = k.pop("prefetch")
+    k["prefetch_bf16"] = CORNERS[(i + 1) % len(CORNERS)][5]
+    amx = k.pop("amx")
+    k["amx_f32"], k["amx_bf16"] = amx, (amx if i % 2 == 0 else 1 - amx)
+    return k
 
 
 def _targets_amx(knobs, profile):
-    return knobs["amx"] == 1 and knobs["isa"] == "avx512" and profile == "sapphirerapids"
+    return ((knobs["amx_f32"] or knobs["amx_bf16"]) and knobs["isa"] == "avx512"
+            and profile == "sapphirerapids")
 
 
 def _host_grants_amx():
@@ -97,8 +107,9 @@ def test_corner_builds_and_is_correct(tmp_path, cases, corner):
 
 def test_corners_cover_every_knob_value():
     spec = render.load_knob_spec("expert_ffn")
-    assert set(KNOBS) == set(spec.knobs)
-    for name in KNOBS:
+    names = set(_knobs(CORNERS[0]))
+    assert names == set(spec.knobs)
+    for name in names:
         assert {_knobs(c)[name] for c in CORNERS} == set(spec.knobs[name].values), name
     # the int gemm knobs, on profiles whose ISA has a dot-product instruction
     vnni = [_knobs(c) for c in CORNERS if c[1] in ("icelake-server", "sapphirerapids")]
@@ -106,8 +117,9 @@ def test_corners_cover_every_knob_value():
         assert {k[name] for k in vnni} == set(spec.knobs[name].values), name
     # the AMX knobs, where AMX is compiled in
     amx = [_knobs(c) for c in CORNERS if c[:2] == ("avx512", "sapphirerapids")]
-    for name in ("amx", "amx_kc", "amx_f32_min_tokens"):
+    for name in ("amx_f32", "amx_bf16", "amx_kc", "amx_f32_min_tokens"):
         assert {k[name] for k in amx} == set(spec.knobs[name].values), name
-    assert {k["amx_kc"] for k in amx if k["amx"]} == set(spec.knobs["amx_kc"].values)
+    assert {k["amx_kc"] for k in amx if k["amx_f32"] or k["amx_bf16"]} == set(spec.knobs["amx_kc"].values)
+    assert {(k["amx_f32"], k["amx_bf16"]) for k in amx} >= {(1, 0), (0, 1), (1, 1)}
     for c in CORNERS:
         render.validate_knobs(spec, _knobs(c))

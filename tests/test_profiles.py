@@ -36,7 +36,7 @@ def test_inheritance_accumulates_features_and_merges_knobs(reg):
     assert spr.chain == ("sapphirerapids", "icelake-server", "skylake-avx512", "x86-64-v4",
                          "x86-64-v3", "x86-64-v2", "generic")
     # knobs merge: v4 sets isa/rows, generic's prefetch survives
-    assert spr.knobs["isa"] == "avx512" and spr.knobs["prefetch"] == reg["generic"].knobs["prefetch"]
+    assert spr.knobs["isa"] == "avx512" and spr.knobs["prefetch_f32"] == reg["generic"].knobs["prefetch_f32"]
     # flag lists replace: nothing of x86-64-v4's -march leaks into sapphirerapids
     gcc_flags = [f for rule in spr.flags["gcc"] for f in rule.cflags]
     assert "-march=x86-64-v4" not in gcc_flags

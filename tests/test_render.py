@@ -15,13 +15,19 @@ knobs:
   isa:
     values: [scalar, portable, avx2]
     default: portable
+    class: block
+    domain: {paths: [decode], dtypes: [f32]}
     doc: code path
   rows:
     values: [1, 2, 4]
     default: 2
+    class: block
+    domain: {paths: [decode], dtypes: [f32]}
   unroll:
     values: [1, 2, 4]
     default: 1
+    class: block
+    domain: {paths: [decode], dtypes: [f32]}
 constraints:
   - rows * unroll <= 4
 """
@@ -125,7 +131,7 @@ def test_search_space_cut_by_profile(tdir):
 # ---------------------------------------------------------------- config.h
 
 def test_config_h_round_trip(tmp_path):
-    knobs = {"isa": "avx512", "rows": 4, "tok_block": 2, "unroll": 1, "prefetch": 0}
+    knobs = {"isa": "avx512", "rows": 4, "tok_block": 2, "unroll": 1, "prefetch_f32": 0}
     path = render.write_config_h(tmp_path / "sub" / "config.h", knobs, "DEADbeef0123", "sapphirerapids")
     text = path.read_text()
     assert "#define COLIBRI_KNOB_ISA avx512\n" in text

@@ -12,15 +12,15 @@ from tuner import render
 
 GOLDEN = Path(__file__).resolve().parent / "fixtures" / "golden"
 CASES = {
-    "avx512": dict(isa="avx512", rows=4, tok_block=2, unroll=1, prefetch=8192, prefetch_int8=16384,
+    "avx512": dict(isa="avx512", rows=4, tok_block=2, unroll=1, prefetch_f32=8192, prefetch_bf16=8192, prefetch_int8=16384,
                    prefetch_int4=2048, prefill_rows=2,
                    prefill_tok_block=4, prefill_unroll=1, prefill_prefetch=0),
-    "avx2": dict(isa="avx2", rows=2, tok_block=1, unroll=2, prefetch=0, prefetch_int8=4096,
+    "avx2": dict(isa="avx2", rows=2, tok_block=1, unroll=2, prefetch_f32=0, prefetch_bf16=0, prefetch_int8=4096,
                  prefetch_int4=1024, prefill_rows=4,
                  prefill_tok_block=2, prefill_unroll=2, prefill_prefetch=256),
-    "portable": dict(isa="portable", rows=1, tok_block=2, unroll=4, prefetch=2048, prefill_rows=1,
+    "portable": dict(isa="portable", rows=1, tok_block=2, unroll=4, prefetch_f32=2048, prefetch_bf16=2048, prefill_rows=1,
                      prefill_tok_block=4, prefill_unroll=4, prefill_prefetch=2048),
-    "scalar": dict(isa="scalar", rows=2, tok_block=2, unroll=1, prefetch=0, prefill_rows=2,
+    "scalar": dict(isa="scalar", rows=2, tok_block=2, unroll=1, prefetch_f32=0, prefetch_bf16=0, prefill_rows=2,
                    prefill_tok_block=1, prefill_unroll=1, prefill_prefetch=0),
 }
 

@@ -52,7 +52,7 @@ MIN_SPACE = 50     # smaller recorded spaces are not a search problem worth repl
 # ------------------------------------------------------------------ synthetic store
 
 ISAS = ["avx512", "avx2", "portable", "scalar"]
-DECODE_KNOBS = ("isa", "rows", "tok_block", "unroll", "prefetch")
+DECODE_KNOBS = ("isa", "rows", "tok_block", "unroll", "prefetch_f32")
 PREFILL_KNOBS = ("prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch")
 # compute time per call relative to the DRAM time of streaming the weights once
 COMPUTE = {"scalar": 2.6, "portable": 1.05, "avx2": 0.5, "avx512": 0.3}
@@ -87,7 +87,7 @@ def prefill_cost(p: dict) -> float:
 
 def synthetic_failure(p: dict, problem: str) -> tuple[str, str] | None:
     if problem == DECODE:
-        if p["isa"] == "avx2" and p["rows"] == 4 and p["prefetch"] == 2048:
+        if p["isa"] == "avx2" and p["rows"] == 4 and p["prefetch_f32"] == 2048:
             return "crash", "signal 11 (SIGSEGV): prefetch beyond the last weight row"
         if p["isa"] == "portable" and p["tok_block"] == 2 and p["unroll"] == 4:
             return "wrong", "max relative error 3.1e-02 > 1e-05 against the NumPy reference"
@@ -190,9 +190,9 @@ def test_replay_evaluator_answers_from_the_store(synthetic):
     assert ev(ok.knobs) == ok.median_s
     assert ev(bad.knobs) is None
     assert ev.space.size() == len(rows) == class_spaces()[DECODE].size()
-    assert ev.space.knobs["prefetch"] == tuple(load_knob_spec(KERNEL).knobs["prefetch"].values)
+    assert ev.space.knobs["prefetch_f32"] == tuple(load_knob_spec(KERNEL).knobs["prefetch_f32"].values)
     assert ev.space.categorical == {"isa"}
-    missing = {**ok.knobs, "prefetch": 3000}   # a distance the template does not offer
+    missing = {**ok.knobs, "prefetch_f32": 3000}   # a distance the template does not offer
     with pytest.raises(ReplayMissing, match="was not recorded"):
         ev(missing)
     assert replay_evaluator(synthetic, KERNEL, DECODE, missing="fail")(missing) is None

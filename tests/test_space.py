@@ -19,18 +19,28 @@ knobs:
   isa:
     values: [scalar, portable, avx2, avx512]
     default: portable
+    class: block
+    domain: {paths: [decode], dtypes: [f32]}
   rows:
     values: [1, 2, 4]
     default: 2
+    class: block
+    domain: {paths: [decode], dtypes: [f32]}
   tok_block:
     values: [1, 2, 4]
     default: 2
+    class: block
+    domain: {paths: [decode], dtypes: [f32]}
   unroll:
     values: [1, 2, 4]
     default: 2
+    class: block
+    domain: {paths: [decode], dtypes: [f32]}
   prefetch:
     values: [0, 256, 512, 1024, 2048]
     default: 512
+    class: block
+    domain: {paths: [decode], dtypes: [f32]}
 constraints:
   - rows * tok_block * unroll <= 16
 """

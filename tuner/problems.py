@@ -89,11 +89,36 @@ def problem(name: str) -> Problem:
                    gated=s.get("gated", False))
 
 
-# What `tuner run` tunes by default, and with --quick. Prefill at T=128 gives Qwen3's
-# experts ~8 tokens each (the prefill dot kernels), at T=512 ~32 (the gemm paths, float
-# and integer).
-DEFAULT_PROBLEMS = ("qwen3-30b-a3b/decode/f32", "qwen3-30b-a3b/decode/bf16",
-                    "qwen3-30b-a3b/decode/int8", "qwen3-30b-a3b/decode/int4",
-                    "qwen3-30b-a3b/prefill/f32", "qwen3-30b-a3b/prefill512/f32",
-                    "qwen3-30b-a3b/prefill512/int8")
-QUICK_PROBLEMS = ("qwen3-30b-a3b/decode/f32", "qwen3-30b-a3b/prefill64/f32")
+# Kernel paths (the knobs file's `domain: paths`). An expert with <= 2 tokens runs the
+# decode kernels (CB_DECODE_MAX_TOKENS in the template), one with gemm_min_tokens (16 by
+# default) or more the gemm paths, one in between the prefill dot kernels. A problem
+# stands for the path its mean tokens per expert (T * k / E) falls on, and a path is
+# tuned on the problem of the shape that gives this many tokens per expert (routing
+# spreads them: some experts get fewer, some more).
+DECODE_MAX_TOKENS = 2
+GEMM_FROM_TOKENS = 16
+PATH_TOKENS = {"prefill": 8, "gemm": 32}
+
+DEFAULT_SHAPE = "qwen3-30b-a3b"
+
+
+def path_of(p: Problem) -> str:
+    """The kernel path problem p exercises most: decode, prefill or gemm."""
+    per_expert = p.T * p.k / p.E
+    if p.T <= DECODE_MAX_TOKENS or per_expert <= DECODE_MAX_TOKENS:
+        return "decode"
+    return "gemm" if per_expert >= GEMM_FROM_TOKENS else "prefill"
+
+
+def path_phase(shape: str, path: str) -> str:
+    """The phase of `shape` that exercises `path`: decode, or prefillN with N tokens giving
+    PATH_TOKENS[path] tokens per expert (qwen3-30b-a3b: prefill128 and prefill512)."""
+    if path == "decode":
+        return "decode"
+    s = SHAPES[shape]
+    return f"prefill{PATH_TOKENS[path] * s['E'] // s['k']}"
+
+
+def covering(shape: str, cells) -> tuple[str, ...]:
+    """Problem names of `shape` that cover (path, dtype) cells, in the cells' order."""
+    return tuple(dict.fromkeys(f"{shape}/{path_phase(shape, path)}/{dtype}" for path, dtype in cells))

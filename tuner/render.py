@@ -67,6 +67,44 @@ class Knob:
     values: tuple
     default: Any
     doc: str = ""
+    cls: str = ""                       # tuning class: knobs tuned together
+    domain: "Domain | None" = None      # what the knob's code changes
+    quick: tuple = ()                   # values `run --quick` tries besides the default
+
+
+# Kernel paths a knob can change (tuner/problems.py maps each to a problem) and the
+# weight dtypes; a domain names a subset of each.
+PATHS = ("decode", "prefill", "gemm")
+DOMAIN_DTYPES = ("f32", "bf16", "int8", "int4")
+
+
+@dataclass(frozen=True)
+class Domain:
+    """The kernel paths and weight dtypes whose code a knob (or a class) changes, and
+    when: only for these isa values (empty: any) and only where the profile's flags
+    give these capabilities (names from the knobs file's `capabilities`)."""
+    paths: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    isas: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()
+
+    def cells(self) -> list[tuple[str, str]]:
+        """(path, dtype) pairs, paths outer, in PATHS/DOMAIN_DTYPES order."""
+        return [(p, d) for p in PATHS if p in self.paths for d in DOMAIN_DTYPES if d in self.dtypes]
+
+    def covers(self, path: str, dtype: str) -> bool:
+        return path in self.paths and dtype in self.dtypes
+
+    def union(self, other: "Domain") -> "Domain":
+        """Both domains' cells; isas and needs where both knobs agree on none is any."""
+        isas = () if not self.isas or not other.isas else tuple(dict.fromkeys(self.isas + other.isas))
+        return Domain(paths=tuple(p for p in PATHS if p in self.paths + other.paths),
+                      dtypes=tuple(d for d in DOMAIN_DTYPES if d in self.dtypes + other.dtypes),
+                      isas=isas, needs=tuple(n for n in self.needs if n in other.needs))
+
+    def to_dict(self) -> dict:
+        return {"paths": list(self.paths), "dtypes": list(self.dtypes), "isas": list(self.isas),
+                "needs": list(self.needs)}
 
 
 @dataclass(frozen=True)
@@ -76,6 +114,25 @@ class KnobSpec:
     constraints: tuple[str, ...]
     path: str
     _compiled: tuple = field(default=(), repr=False, compare=False)
+    # capability name -> alternatives, each a tuple of macros the compiler predefines
+    capabilities: dict = field(default_factory=dict, compare=False)
+
+    def classes(self) -> dict[str, tuple[str, ...]]:
+        """Tuning class -> its knobs, classes in the order they first appear in the file."""
+        out: dict[str, list[str]] = {}
+        for name, k in self.knobs.items():
+            out.setdefault(k.cls, []).append(name)
+        return {c: tuple(v) for c, v in out.items()}
+
+    def class_domain(self, cls: str) -> Domain:
+        """The union of the domains of the class's knobs."""
+        names = self.classes().get(cls)
+        if not names:
+            raise KnobError(f"{self.path}: no knob has class {cls!r}")
+        dom = self.knobs[names[0]].domain
+        for n in names[1:]:
+            dom = dom.union(self.knobs[n].domain)
+        return dom
 
     def violated(self, values: Mapping[str, Any]) -> list[str]:
         """The constraints `values` break (empty: all hold)."""
@@ -126,8 +183,10 @@ def load_knob_spec(template: str, templates_dir: str | os.PathLike = TEMPLATES_D
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise KnobError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict) or set(raw) - {"knobs", "constraints"}:
-        raise KnobError(f"{path}: expected a mapping with 'knobs' and optional 'constraints'")
+    if not isinstance(raw, dict) or set(raw) - {"knobs", "constraints", "capabilities"}:
+        raise KnobError(f"{path}: expected a mapping with 'knobs' and optional 'constraints' "
+                        f"and 'capabilities'")
+    capabilities = _capabilities(raw.get("capabilities") or {}, path)
     knobs = {}
     for name, k in (raw.get("knobs") or {}).items():
         if not re.fullmatch(r"[a-z][a-z0-9_]*", str(name)):
@@ -136,16 +195,55 @@ def load_knob_spec(template: str, templates_dir: str | os.PathLike = TEMPLATES_D
             raise KnobError(f"{path}: knob '{name}' needs a non-empty 'values' list")
         if k.get("default") not in k["values"]:
             raise KnobError(f"{path}: knob '{name}' default {k.get('default')!r} is not in its values {k['values']}")
+        cls = k.get("class")
+        if not isinstance(cls, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", cls):
+            raise KnobError(f"{path}: knob '{name}' needs a 'class' (a lower_snake_case name: "
+                            f"the knobs tuned together)")
+        quick = k.get("quick") or []
+        if not isinstance(quick, list) or any(v not in k["values"] for v in quick):
+            raise KnobError(f"{path}: knob '{name}' quick {quick!r} must list some of its values {k['values']}")
         knobs[name] = Knob(name=name, values=tuple(k["values"]), default=k["default"],
-                           doc=str(k.get("doc", "")))
+                           doc=str(k.get("doc", "")), cls=cls,
+                           domain=_domain(k.get("domain"), f"{path}: knob '{name}'", capabilities),
+                           quick=tuple(quick))
     constraints = tuple(str(c) for c in raw.get("constraints") or ())
     compiled = tuple(compile_constraint(c, knobs, str(path)) for c in constraints)
     spec = KnobSpec(template=template, knobs=knobs, constraints=constraints, path=str(path),
-                    _compiled=compiled)
+                    _compiled=compiled, capabilities=capabilities)
     defaults = {n: k.default for n, k in knobs.items()}
     if spec.violated(defaults):
         raise KnobError(f"{path}: the default knob values break {spec.violated(defaults)}")
     return spec
+
+
+def _capabilities(raw, path) -> dict[str, tuple[tuple[str, ...], ...]]:
+    if not isinstance(raw, dict):
+        raise KnobError(f"{path}: 'capabilities' must map names to lists of macro lists")
+    out = {}
+    for name, alts in raw.items():
+        if (not isinstance(alts, list) or not alts
+                or not all(isinstance(a, list) and a and all(isinstance(m, str) for m in a) for a in alts)):
+            raise KnobError(f"{path}: capability {name!r} must be a list of alternatives, each a "
+                            f"list of macro names, e.g. [[__AVX512VNNI__], [__AVXVNNI__]]")
+        out[str(name)] = tuple(tuple(a) for a in alts)
+    return out
+
+
+def _domain(raw, where: str, capabilities: Mapping) -> Domain:
+    if not isinstance(raw, dict) or set(raw) - {"paths", "dtypes", "isas", "needs"}:
+        raise KnobError(f"{where} needs a 'domain' mapping with 'paths' and 'dtypes' "
+                        f"(and optional 'isas', 'needs'): the code the knob changes")
+    parts = {}
+    for key, known in (("paths", PATHS), ("dtypes", DOMAIN_DTYPES), ("isas", None),
+                       ("needs", tuple(capabilities))):
+        vals = raw.get(key, [])
+        if not isinstance(vals, list) or (key in ("paths", "dtypes") and not vals):
+            raise KnobError(f"{where}: domain '{key}' must be a{' non-empty' if key in ('paths', 'dtypes') else ''} list")
+        bad = [v for v in vals if known is not None and v not in known]
+        if bad:
+            raise KnobError(f"{where}: domain {key} {bad} unknown (known: {', '.join(known) or 'none'})")
+        parts[key] = tuple(str(v) for v in vals)
+    return Domain(**parts)
 
 
 def load_all_specs(templates_dir: str | os.PathLike = TEMPLATES_DIR) -> dict[str, KnobSpec]:
