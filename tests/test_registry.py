@@ -144,20 +144,21 @@ def slow_templates(tmp_path):
     (d / "expert_ffn.c.j2").write_text(src.replace(marker, marker + inject))
     knobs = (d / "expert_ffn.knobs.yaml").read_text().replace(
         "constraints:", "  fault:\n    values: [none, slow, slower, slowest]\n"
-        "    default: slow\n    doc: test-only slow-down\nconstraints:")
+        "    default: slow\n    class: decode\n    domain: {paths: [decode], dtypes: [f32]}\n"
+        "    doc: test-only slow-down\nconstraints:")
     (d / "expert_ffn.knobs.yaml").write_text(knobs)
     return d
 
 
 # the generic profile's own prefetch distance, so the run's default lies in the space
-GENERIC_PREFETCH = get_profile("generic").knobs["prefetch"]
+GENERIC_PREFETCH = get_profile("generic").knobs["prefetch_f32"]
 
 
 def tune(tmp_path, templates, store, *extra):
     args = ["run", "--problem", P1, "--profile", "generic", "--strategy", "exhaustive", "--threads", "1",
             "--min-seconds", "0.2", "--no-bandwidth", "--no-report", "--build-dir", str(tmp_path / "build"),
             "--store", str(store), "--json", "--space", "isa=portable", "--space", "rows=2",
-            "--space", "tok_block=1", "--space", "unroll=2", "--space", f"prefetch={GENERIC_PREFETCH}",
+            "--space", "tok_block=1", "--space", "unroll=2", "--space", f"prefetch_f32={GENERIC_PREFETCH}",
             "--space", "fault=none,slow,slower,slowest", *extra]
     res = subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, capture_output=True,
                          text=True, timeout=900,

@@ -15,11 +15,9 @@ from pathlib import Path
 
 def run_config(args: argparse.Namespace, command: str = "run"):
     """The RunConfig of parsed run options (add_run_options); an int exit status on bad input."""
-    from . import problems
     from .run import RunConfig
 
-    probs = tuple(args.problem) if args.problem else (
-        problems.QUICK_PROBLEMS if args.quick else problems.DEFAULT_PROBLEMS)
+    probs = tuple(args.problem) if args.problem else None  # None: every class's domain
     cfg = RunConfig(profile=args.profile, problems=probs, strategy=args.strategy,
                     max_evals=args.max_evals, budget_s=args.budget, quick=args.quick,
                     threads=args.threads, min_seconds=args.min_seconds, seed=args.seed,
@@ -28,9 +26,14 @@ def run_config(args: argparse.Namespace, command: str = "run"):
                     wait=False if getattr(args, "wait", None) is None else args.wait,
                     report=not getattr(args, "no_report", False),
                     report_dir=Path(args.report_dir) if getattr(args, "report_dir", None) else None)
-    if args.quick:
-        cfg.min_seconds = min(cfg.min_seconds, 0.3)
-        cfg.retime_rounds = 3
+    if args.quick:  # the same domains, fewer values, timed for less
+        cfg.min_seconds, cfg.warmup = min(cfg.min_seconds, 0.1), 1
+        cfg.finalists, cfg.retime_rounds = 2, 4
+        cfg.gate_rounds, cfg.gate_min_seconds = 3, 0.1
+    if getattr(args, "no_gate", False):
+        cfg.gate = False
+    if getattr(args, "gate_shape", None):
+        cfg.gate_shapes = tuple(args.gate_shape)
     if args.space:
         restrict = {}
         for item in args.space:
@@ -244,14 +247,22 @@ def main(argv: list[str] | None = None) -> int:
 def add_run_options(p: argparse.ArgumentParser) -> None:
     """The options of a tuning run, shared by `run` and `ci`."""
     p.add_argument("--quick", action="store_true",
-                   help="a small space and short timings (minutes on a 2-core machine)")
+                   help="each knob's quick values only, shorter timings and a shorter gate; the same "
+                   "domains as a full run (minutes on a 2-core machine)")
     p.add_argument("--budget", type=float, metavar="SECONDS",
                    help="stop searching after this much wall time")
     p.add_argument("--max-evals", type=int, help="stop after this many variants")
     p.add_argument("--strategy", choices=["exhaustive", "random", "annealing", "tpe"],
                    help="search strategy (default: exhaustive when the space fits the budget)")
     p.add_argument("--problem", action="append", metavar="SHAPE/PHASE/DTYPE",
-                   help="problem to tune for (repeatable), e.g. qwen3-30b-a3b/decode/bf16")
+                   help="problem to tune for (repeatable), e.g. qwen3-30b-a3b/decode/bf16 "
+                   "(default: the qwen3-30b-a3b problems covering every knob's domain)")
+    p.add_argument("--no-gate", action="store_true",
+                   help="emit without checking the candidate against the default build "
+                   "(the gate: every dtype x decode/prefill128/prefill512 x 2 shapes x threads)")
+    p.add_argument("--gate-shape", action="append", metavar="SHAPE",
+                   help="shapes the gate validates on (repeatable; default: the tuned shape "
+                   "and olmoe-1b-7b)")
     p.add_argument("--profile", help="target profile (default: this host's)")
     p.add_argument("--space", action="append", metavar="KNOB=V1,V2",
                    help="restrict a knob to these values (repeatable)")

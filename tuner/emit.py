@@ -168,8 +168,10 @@ def emit(t, knobs: dict, summary: dict) -> dict:
         # how the figures were measured, so that `tuner check` re-times alike
         "measure": {k: summary.get(k) for k in ("threads", "seed", "min_seconds")},
         "isa_check": check,
+        # the acceptance gate: every validation cell's ratio and interval, reverted classes
+        "gate": summary.get("gate"),
         "summary": {k: summary[k] for k in ("strategy", "space_size", "evaluations", "rows",
-                                            "winner", "classes", "default", "failed",
+                                            "winner", "classes", "skipped_classes", "default", "failed",
                                             "read_bandwidth_gbps", "store")},
     }
     files["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n"

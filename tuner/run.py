@@ -28,35 +28,40 @@ from .store import Measurement, Store, StoreLocked
 
 KERNEL = "expert_ffn"
 
-# Problem classes, tuned in this order: the knobs each one tunes and the problems it
-# is measured on; every other knob is held at the values already chosen (the decode
-# class goes first and picks the ISA). A knob that only one weight dtype reads (the
-# integer kernels' prefetch distances) is a class of its own on that dtype's decode
-# problems, so the decode space does not multiply by its values.
-CLASSES = {
-    "decode": ("isa", "rows", "tok_block", "unroll", "prefetch"),
-    "decode_int8": ("prefetch_int8",),
-    "decode_int4": ("prefetch_int4",),
-    "prefill": ("prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch"),
-    "gemm": ("gemm_rows", "gemm_vecs", "gemm_kc", "gemm_min_tokens"),
-    "igemm": ("igemm_rows", "igemm_vecs"),
-    "amx": ("amx", "amx_kc", "amx_f32_min_tokens"),
-}
-CLASS_KNOBS = tuple(k for knobs in CLASSES.values() for k in knobs)
-# --quick: the profile's ISA and the corners of the block knobs around the default
-QUICK = {
-    "decode": lambda d: {"rows": [1, 2, 4], "tok_block": [d["tok_block"]],
-                         "unroll": sorted({1, 2, d["unroll"]}), "prefetch": sorted({0, d["prefetch"]})},
-    "decode_int8": lambda d: {"prefetch_int8": sorted({0, d["prefetch_int8"]})},
-    "decode_int4": lambda d: {"prefetch_int4": sorted({0, d["prefetch_int4"]})},
-    "prefill": lambda d: {"prefill_rows": [2, 4], "prefill_tok_block": [2, 4],
-                          "prefill_unroll": [1, 2], "prefill_prefetch": [d["prefill_prefetch"]]},
-    "gemm": lambda d: {"gemm_rows": sorted({2, d["gemm_rows"]}), "gemm_vecs": [d["gemm_vecs"]],
-                       "gemm_kc": [d["gemm_kc"]], "gemm_min_tokens": sorted({4, d["gemm_min_tokens"]})},
-    "igemm": lambda d: {"igemm_rows": sorted({2, d["igemm_rows"]}), "igemm_vecs": [d["igemm_vecs"]]},
-    "amx": lambda d: {"amx": sorted({0, d["amx"]}), "amx_kc": [d["amx_kc"]],
-                      "amx_f32_min_tokens": [d["amx_f32_min_tokens"]]},
-}
+# The problem classes, their knobs, their domains and the values --quick tries are data:
+# templates/expert_ffn.knobs.yaml (`class`, `domain`, `quick` of each knob). Classes are
+# tuned in the order they first appear there; every other knob is held at the values
+# already chosen. A class is measured on the run's problems inside its domain and must
+# not make any of them slower (tuner/decide.py).
+
+
+def in_class(spec, p, cls: str) -> bool:
+    """Problem p lies in the domain of class cls: its kernel path (decode, prefill, gemm by
+    tokens per expert, problems.path_of) and its dtype are among the class's knobs'."""
+    return spec.class_domain(cls).covers(problems_mod.path_of(p), p.dtype)
+
+
+def default_problems(spec, shape: str = problems_mod.DEFAULT_SHAPE) -> tuple[str, ...]:
+    """The problems of `shape` that cover every class's domain: each (path, dtype) cell any
+    knob changes, once."""
+    cells = {cell for cls in spec.classes() for cell in spec.class_domain(cls).cells()}
+    ordered = [(p, d) for p in render.PATHS for d in render.DOMAIN_DTYPES if (p, d) in cells]
+    return problems_mod.covering(shape, ordered)
+
+
+def predefined_macros(compiler: str, cflags) -> frozenset[str] | None:
+    """The macros the compiler predefines under these flags (None if it cannot say)."""
+    import subprocess
+
+    try:
+        res = subprocess.run([compiler, *cflags, "-dM", "-E", "-x", "c", os.devnull],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if res.returncode != 0:
+        return None
+    return frozenset(line.split()[1] for line in res.stdout.splitlines()
+                     if line.startswith("#define ") and len(line.split()) > 1)
 
 
 def worker_memory_cap(problems, llc_total: int | None = None) -> int:
@@ -82,32 +87,17 @@ def _current(t, m: Measurement) -> bool:
         return False
 
 
-def in_class(p, cls: str) -> bool:
-    """Decode kernels serve experts with <= 2 tokens (CB_DECODE_MAX_TOKENS in the template);
-    the gemm path serves experts with many tokens (its k-tile and threshold every dtype,
-    its f32/bf16 and int8/int4 register blocks and the f32/bf16 AMX tiles their own dtypes)."""
-    decode = p.T <= 2
-    if cls == "decode":
-        return decode
-    if cls.startswith("decode_"):
-        return decode and p.dtype == cls[len("decode_"):]
-    if cls == "igemm":
-        return not decode and p.dtype in ("int8", "int4")
-    if cls == "amx":
-        return not decode and p.dtype in ("f32", "bf16")
-    return not decode
-
-
 @dataclass
 class RunConfig:
     profile: str | None = None
-    problems: tuple[str, ...] = problems_mod.DEFAULT_PROBLEMS
+    problems: tuple[str, ...] | None = None  # None: default_problems() of the tuned shape
     strategy: str | None = None          # None: search.choose_default
     max_evals: int | None = None
     budget_s: float | None = None
     quick: bool = False
     threads: int | None = None
     min_seconds: float = 0.5             # timing per (variant, problem)
+    warmup: int = 3                      # untimed calls before it
     retime_rounds: int = 5               # finalists re-timed interleaved with the default
     finalists: int = 3
     seed: int = 0
@@ -126,6 +116,11 @@ class RunConfig:
     measure_bandwidth: bool = True       # probe the read bandwidth (for "% of bandwidth")
     wait: bool | float = False           # store locked by another run: False refuse, True
                                          # wait, a number wait at most that many seconds
+    gate: bool = True                    # check the candidate against the default before emit
+    gate_shapes: tuple[str, ...] | None = None   # None: the tuned shape(s) and one other
+    gate_threads: tuple[int, ...] | None = None  # None: 1 and all threads
+    gate_rounds: int = 5                 # interleaved rounds per gate cell
+    gate_min_seconds: float = 0.2        # timing per library per round
 
 
 class Tuner:
@@ -133,7 +128,9 @@ class Tuner:
 
     def __init__(self, cfg: RunConfig, host=None):
         self.cfg = cfg
-        self.say = cfg.log or (lambda m: print(m, file=sys.stderr, flush=True))
+        t_start = time.monotonic()
+        self.say = cfg.log or (lambda m: print(f"[{time.monotonic() - t_start:5.0f} s] {m}",
+                                               file=sys.stderr, flush=True))
         from . import hostmatch
 
         self.host = host if host is not None else _probe_host(cfg, self.say)
@@ -147,7 +144,8 @@ class Tuner:
         self.template_text = render.source_text(KERNEL)
         self.default = render.resolve_knobs(self.spec, self.profile.knobs, None,
                                             self.profile.kernel_isas)
-        self.all_problems = [problems_mod.problem(n) for n in cfg.problems]
+        self.all_problems = [problems_mod.problem(n)
+                             for n in (cfg.problems or default_problems(self.spec))]
         self.problems = self.all_problems  # the class being tuned (set by run())
         self.work = Path(cfg.build_dir) / "tuner"
         self.store_path = Path(cfg.store_path or self.work / f"results-{self.host_id}.sqlite")
@@ -156,6 +154,7 @@ class Tuner:
         self.measured = 0      # variants measured in this run (not from the store)
         self.load_checked = False
         self.from_store = 0
+        self.macros = None     # the compiler's predefined macros under the profile (lazily)
 
     # ------------------------------------------------------------- identity
     @property
@@ -170,21 +169,45 @@ class Tuner:
                          template_source=self.template_text, knobs=knobs,
                          problem=dict(prob.to_dict(), threads=self.cfg.threads or os.cpu_count()))
 
+    @property
+    def classes(self) -> dict[str, tuple[str, ...]]:
+        """Tuning class -> its knobs, in tuning order (from the knobs file)."""
+        return self.spec.classes()
+
     def class_space(self, cls: str, base: dict) -> Space:
-        """The class's knobs over their values; every other knob fixed at `base`."""
+        """The class's knobs over their values; every other knob fixed at `base`. --quick:
+        each knob's `quick` values and its default."""
         space = Space.from_spec(self.spec, self.profile.kernel_isas)
-        mine = CLASSES[cls]
+        mine = self.classes[cls]
         restrict = {k: [v] for k, v in base.items() if k not in mine}
         overrides = {k: v for k, v in (self.cfg.space_overrides or {}).items() if k in mine}
-        if self.cfg.quick and not overrides:
-            overrides = QUICK[cls](self.default)
-            if "isa" in mine:
-                overrides["isa"] = [self.default["isa"]]
+        if self.cfg.quick:
+            for k in mine:
+                if k not in overrides:
+                    quick = {*self.spec.knobs[k].quick, self.default[k]}
+                    overrides[k] = [v for v in space.knobs[k] if v in quick] or [self.default[k]]
         # knobs no template of this run declares (e.g. a test knob) stay as given
         restrict.update({k: v for k, v in (self.cfg.space_overrides or {}).items()
-                         if k not in CLASS_KNOBS})
+                         if k not in self.spec.knobs})
         restrict.update(overrides)
         return space.subspace(**restrict)
+
+    def class_applies(self, cls: str, base: dict) -> str | None:
+        """None when the class's knobs change this build's code, else why not: its knobs
+        serve other isa values, or need a capability the profile's flags lack."""
+        dom = self.spec.class_domain(cls)
+        if dom.isas and base.get("isa") not in dom.isas:
+            return f"its knobs change only isa {', '.join(dom.isas)} code (this run: isa {base.get('isa')})"
+        if dom.needs:
+            if self.macros is None:
+                self.macros = predefined_macros(self.resolved.compiler.path,
+                                                list(self.resolved.cflags)) or frozenset()
+            for need in dom.needs:
+                alts = self.spec.capabilities[need]
+                if not any(all(m in self.macros for m in alt) for alt in alts):
+                    return (f"needs {need} ({' or '.join('+'.join(a) for a in alts)}), which the "
+                            f"{self.profile_name} profile's flags do not give")
+        return None
 
     # ----------------------------------------------------------- measuring
     def cached(self, knobs: dict):
@@ -238,7 +261,7 @@ class Tuner:
                 self.say(warning)
         job = {"lib": str(lib), "problems": [{"name": p.name} for p in self.problems],
                "weights_dir": str(self.work / "weights"), "seed": self.cfg.seed,
-               "threads": self.cfg.threads, "min_seconds": min_seconds}
+               "threads": self.cfg.threads, "min_seconds": min_seconds, "warmup": self.cfg.warmup}
         inject = self.cfg.inject or {}
         if vid in inject or "*" in inject:
             job["inject"] = inject.get(vid, inject.get("*"))
@@ -327,7 +350,7 @@ def weights_ready(t: Tuner) -> None:
 
 def run(cfg: RunConfig, host: dict | None = None) -> dict:
     """The whole pipeline; returns the summary (also written as the manifest when emitting)."""
-    from . import emit
+    from . import emit, gate
 
     t0 = time.perf_counter()
     t = Tuner(cfg, host)
@@ -335,18 +358,38 @@ def run(cfg: RunConfig, host: dict | None = None) -> dict:
         t.say(f"host {t.host_id}: profile {t.profile_name}, {t.resolved.compiler.family} "
               f"{t.resolved.version}; store {t.store_path}")
         weights_ready(t)
-        base, classes = dict(t.default), []
-        for cls in CLASSES:
-            t.problems = [p for p in t.all_problems if in_class(p, cls)]
-            if not t.problems:
+        base, classes, skipped = dict(t.default), [], []
+        for cls, knobs in t.classes.items():
+            t.problems = [p for p in t.all_problems if in_class(t.spec, p, cls)]
+            why = "no problem of this run lies in its domain" if not t.problems else None
+            why = why or t.class_applies(cls, base)
+            space = t.class_space(cls, base) if why is None else None
+            if space is not None and space.size() <= 1:
+                why = "its knobs have one value each in this run's space: nothing to choose"
+            if why:
+                t.say(f"class {cls}: not tuned: {why}")
+                skipped.append({"class": cls, "knobs": list(knobs), "why": why})
                 continue
+            missing = _uncovered(t, cls)
+            if missing:
+                t.say(f"class {cls}: warning: this run's problems leave part of its domain "
+                      f"unmeasured ({', '.join(missing)}); the gate still checks them")
             out = _tune_class(t, cls, base)
+            out["uncovered"] = missing
             classes.append(out)
             if out["winner"]:
                 base = dict(out["winner"]["knobs"])
         t.problems = t.all_problems
         summary = _summary(t, classes, base, time.perf_counter() - t0)
+        summary["skipped_classes"] = skipped
         if cfg.emit and summary["winner"] is not None:
+            if cfg.gate:
+                g = gate.run_gate(t, base, classes)
+                summary["gate"] = g
+                base = dict(g["knobs"])
+                summary["winner"] = dict(summary["winner"], knobs=base, vid=variant_id(base),
+                                         is_default=variant_id(base) == variant_id(t.default))
+            summary["wall_s"] = time.perf_counter() - t0  # the gate included
             summary["emitted"] = emit.emit(t, base, summary)
             summary["isa_check"] = summary["emitted"]["isa_check"]
             check = summary["isa_check"]
@@ -379,8 +422,16 @@ def _write_report(t: Tuner, summary: dict) -> dict:
     return {"html": str(res["html"]), "md": str(res["md"]), "errors": res["errors"]}
 
 
+def _uncovered(t: Tuner, cls: str) -> list[str]:
+    """The class's (path, dtype) cells that no problem of the run measures."""
+    have = {(problems_mod.path_of(p), p.dtype) for p in t.problems}
+    return [f"{path}/{dtype}" for path, dtype in t.spec.class_domain(cls).cells()
+            if (path, dtype) not in have]
+
+
 def _tune_class(t: Tuner, cls: str, base: dict) -> dict:
-    """Search one class's knobs on its problems; re-time its finalists with the default."""
+    """Search one class's knobs on its problems, then re-time its finalists interleaved with
+    the class's default and keep a finalist only when decide.verdict adopts it."""
     import random
 
     from . import search
@@ -402,7 +453,7 @@ def _tune_class(t: Tuner, cls: str, base: dict) -> dict:
           f"strategy {name}, {budget}")
     # the class's default goes first (its knobs at the profile's defaults, the knobs of
     # classes already tuned at their winners): every class knows what tuning bought
-    baseline = {**base, **{k: t.default[k] for k in CLASSES[cls] if k in t.default}}
+    baseline = {**base, **{k: t.default[k] for k in t.classes[cls] if k in t.default}}
     default_cost = t.evaluate(baseline, t.build([baseline]))
     # exhaustive search knows its points up front: build them ahead, a chunk at a time
     ahead = start if seeds and not cfg.max_evals else list(space.points())
@@ -410,11 +461,35 @@ def _tune_class(t: Tuner, cls: str, base: dict) -> dict:
     result = search.STRATEGIES[name].search(space, lambda k: t.evaluate(k, prebuilt), budget,
                                             rng=random.Random(cfg.seed), start=start or None)
     retimed = _retime(t, _finalists(t, result, baseline), baseline)
-    winner = min(retimed, key=lambda r: r["cost"]) if retimed else None
-    return {"class": cls, "problems": [p.name for p in t.problems], "strategy": name,
-            "space_size": space.size(), "evaluations": result.evaluations,
+    winner = _choose(t, cls, retimed)
+    return {"class": cls, "knobs": list(t.classes[cls]), "problems": [p.name for p in t.problems],
+            "strategy": name, "space_size": space.size(), "evaluations": result.evaluations,
             "default": baseline, "default_cost": default_cost, "finalists": retimed,
             "winner": winner, "registry": seeded}
+
+
+def _choose(t: Tuner, cls: str, retimed: list[dict]) -> dict | None:
+    """The finalist decide.verdict adopts with the highest median ratio; else the default
+    (a tie keeps it); with no working default, the fastest finalist."""
+    if not retimed:
+        return None
+    dflt = next((r for r in retimed if r["is_default"]), None)
+    if dflt is None:
+        t.say(f"class {cls}: the default failed or was not re-timed: the fastest finalist wins")
+        return min(retimed, key=lambda r: r["cost"])
+    adopted = [r for r in retimed if not r["is_default"] and r["verdict"]["adopt"]]
+    for r in retimed:
+        if r["is_default"]:
+            continue
+        v = r["verdict"]
+        why = ("adopted" if v["adopt"] else
+               f"slower on {', '.join(v['slower'])}" if v["slower"] else "not faster beyond noise")
+        t.say(f"  {r['vid']}: {v['overall']['median']:.3f}x "
+              f"[{v['overall']['lo']:.3f}, {v['overall']['hi']:.3f}] over the default: {why}")
+    if not adopted:
+        t.say(f"class {cls}: keeps its default (no finalist faster beyond noise on every problem)")
+        return dflt
+    return max(adopted, key=lambda r: (r["verdict"]["overall"]["median"], r["verdict"]["overall"]["lo"]))
 
 
 def _registry_seeds(t: Tuner, cls: str, base: dict, space) -> dict:
@@ -422,7 +497,7 @@ def _registry_seeds(t: Tuner, cls: str, base: dict, space) -> dict:
     `space` (the class's knobs from the registry row, every other knob from `base`)."""
     from . import registry
 
-    tuned_elsewhere = set(CLASS_KNOBS) - set(CLASSES[cls])
+    tuned_elsewhere = set(t.spec.knobs) - set(t.classes[cls])
     found = registry.seed_variants(
         t.cfg.registry, kernel=KERNEL, problems=[p.name for p in t.problems],
         profile=t.profile_name, microarchitecture=t.host.get("microarchitecture"),
@@ -491,16 +566,18 @@ def _finalists(t: Tuner, result, baseline: dict) -> list[dict]:
 
 
 def _retime(t: Tuner, finals: list[dict], baseline: dict) -> list[dict]:
-    """Finalists and the default timed again, interleaved (A B C, B C A, ...), so that a
-    drift of the machine hits all of them alike; the winner is chosen on these.
+    """Finalists and the default timed again, interleaved round by round in one worker
+    (A B C, B C A, ...), so that a drift of the machine hits all of them alike; the
+    verdict against the default (decide.verdict) is made on these rounds.
 
-    Kept beside the store under the hash of the finalists' signatures: a re-run that
-    found the same finalists re-measures nothing."""
+    Kept beside the store under the hash of the finalists' signatures and the rounds: a
+    re-run that found the same finalists re-measures nothing."""
     if not finals:
         return []
     import json
 
-    h = hashlib.sha256("".join(sorted(t.key(k, p) for k in finals for p in t.problems)).encode())
+    h = hashlib.sha256(("".join(sorted(t.key(k, p) for k in finals for p in t.problems))
+                        + f"/{t.cfg.retime_rounds}").encode())
     cache = t.store_path.with_name(f"retime-{h.hexdigest()[:20]}.json")
     if cache.exists():
         t.say(f"finalists unchanged: re-timing taken from {cache.name}")
@@ -512,31 +589,43 @@ def _retime(t: Tuner, finals: list[dict], baseline: dict) -> list[dict]:
 
 
 def _retime_measure(t: Tuner, finals: list[dict], baseline: dict) -> list[dict]:
-    libs = {variant_id(k): variants.variant_dir(t.work / "variants", t.profile_name, variant_id(k))
-            / "libcolibri.so" for k in finals}
-    per = {variant_id(k): [] for k in finals}
-    t.say(f"re-timing {len(finals)} finalist(s) interleaved, {t.cfg.retime_rounds} round(s)")
-    from .bench import round_order
+    libs = [str(variants.variant_dir(t.work / "variants", t.profile_name, variant_id(k))
+                / "libcolibri.so") for k in finals]
+    threads = t.cfg.threads or os.cpu_count() or 1
+    t.say(f"re-timing {len(finals)} variant(s) interleaved, {t.cfg.retime_rounds} round(s)")
+    job = {"libs": libs, "problems": [{"name": p.name} for p in t.problems], "threads": [threads],
+           "rounds": t.cfg.retime_rounds, "min_seconds": max(0.05, t.cfg.min_seconds / 2),
+           "weights_dir": str(t.work / "weights"), "seed": t.cfg.seed}
+    res = worker.compare(job, t.cfg.worker_timeout_s * (1 + len(finals)),
+                         worker_memory_cap(t.problems) * len(finals))
+    bad = [r for r in res if r["status"] != "ok"]
+    if bad:  # one lib failing fails its problem for all: say which and keep none of them
+        t.say("  re-timing failed: " + "; ".join(f"{r['problem']}: {r['status']} {r.get('reason', '')[:200]}"
+                                                 for r in bad))
+        return []
+    per_lib = [[r["seconds"][i] for r in res] for i in range(len(finals))]  # [lib][problem][round]
+    return retime_entries(finals, per_lib, baseline, [p.name for p in t.problems])
 
-    for r in range(t.cfg.retime_rounds):
-        for k in round_order(finals, r):  # no finalist always first
-            vid = variant_id(k)
-            outs = t.run_worker(libs[vid], vid, max(0.1, t.cfg.min_seconds / 2))
-            if any(o.status != "ok" for o in outs):
-                per[vid].append(None)
-                continue
-            meds = [sorted(o.samples)[len(o.samples) // 2] for o in outs]
-            per[vid].append(meds)
+
+def retime_entries(finals: list[dict], per_lib, baseline: dict, names: list[str]) -> list[dict]:
+    """One entry per re-timed variant from its rounds (per_lib[i][problem][round] seconds):
+    its cost, per-problem medians, and for a non-default variant decide.verdict against
+    the default."""
+    from . import decide
+
+    d = next((i for i, k in enumerate(finals) if variant_id(k) == variant_id(baseline)), None)
     out = []
-    for k in finals:
-        rounds = [r for r in per[variant_id(k)] if r is not None]
-        if not rounds:
-            continue
-        # per problem: median over rounds
-        meds = [sorted(r[i] for r in rounds)[len(rounds) // 2] for i in range(len(t.problems))]
+    for i, k in enumerate(finals):
+        meds = [decide._median(rounds) for rounds in per_lib[i]]
         cost = math.exp(sum(math.log(m) for m in meds) / len(meds))
-        out.append({"knobs": k, "vid": variant_id(k), "cost": cost, "per_problem": meds,
-                    "is_default": variant_id(k) == variant_id(baseline)})
+        entry = {"knobs": k, "vid": variant_id(k), "cost": cost, "per_problem": meds,
+                 "rounds": per_lib[i], "is_default": i == d}
+        if d is not None and i != d:
+            v = decide.verdict(per_lib[d], per_lib[i], names)
+            entry["verdict"] = {"overall": v["overall"].to_dict(), "slower": v["slower"],
+                                "adopt": v["adopt"],
+                                "per_problem": {n: r.to_dict() for n, r in v["per_problem"].items()}}
+        out.append(entry)
     return out
 
 
@@ -553,11 +642,14 @@ def _summary(t: Tuner, classes: list[dict], knobs: dict, wall: float) -> dict:
             tuned = w["per_problem"][i]
             base = dflt["per_problem"][i] if dflt else None
             gbps = p.decode_bytes / tuned / 1e9 if p.T == 1 else None
+            interval = ((w.get("verdict") or {}).get("per_problem") or {}).get(name)
             rows.append({"problem": p.name, "class": c["class"], "default_s": base,
                          "tuned_s": tuned, "speedup": (base / tuned) if base else None,
+                         "interval": [interval["lo"], interval["hi"]] if interval else None,
+                         "kept_default": bool(w.get("is_default")),
                          "gbps": gbps, "bw_fraction": (gbps / bw) if gbps and bw else None,
                          "gflops": p.flops / tuned / 1e9})
-    complete = bool(classes) and all(c["winner"] for c in classes)
+    complete = all(c["winner"] for c in classes)
     failed = [m for m in t.store.query(kernel=KERNEL, host_id=t.host_id)
               if m.status != "ok" and _current(t, m)]
     return {
@@ -569,7 +661,7 @@ def _summary(t: Tuner, classes: list[dict], knobs: dict, wall: float) -> dict:
         "classes": classes,
         "evaluations": sum(c["evaluations"] for c in classes),
         "space_size": sum(c["space_size"] for c in classes),
-        "strategy": ",".join(sorted({c["strategy"] for c in classes})),
+        "strategy": ",".join(sorted({c["strategy"] for c in classes})) or "none",
         "measured_this_run": t.measured, "from_store": t.from_store,
         "registry": str(t.cfg.registry) if t.cfg.registry else None,
         "threads": t.cfg.threads or os.cpu_count(), "seed": t.cfg.seed,
@@ -595,22 +687,36 @@ def print_summary(summary: dict, out=None) -> None:
         print("no variant passed verification: nothing emitted", file=out)
         return
     print(f"winner {w['vid']}" + ("  (the default)" if w["is_default"] else ""), file=out)
+    for c in summary.get("skipped_classes") or []:
+        print(f"  class {c['class']}: not tuned: {c['why']}", file=out)
     for c in summary["classes"]:
+        cw = c.get("winner") or {}
+        v = cw.get("verdict")
+        mine = ",".join(f"{k}={cw['knobs'][k]}" for k in c.get("knobs", []) if cw and k in cw["knobs"])
+        what = (f"adopted {mine}, {v['overall']['median']:.3f}x "
+                f"[{v['overall']['lo']:.3f}, {v['overall']['hi']:.3f}] over its default"
+                if v and not cw.get("is_default") else "kept its default" if cw else "no winner")
         print(f"  class {c['class']}: {c['strategy']}, {c['evaluations']} of {c['space_size']} "
-              f"variant(s) evaluated", file=out)
+              f"variant(s) evaluated; {what}", file=out)
     bw = summary.get("read_bandwidth_gbps")
-    # a problem appears once per class that tuned knobs on it (decode/int8: the decode
-    # knobs, then its prefetch distance), each row against that class's own default
-    hdr = (f"{'class':12} {'problem':32} {'default':>11} {'tuned':>11} {'speed-up':>8} {'GB/s':>7} "
-           f"{'% of bw':>8}")
+    # a problem appears once per class that tuned knobs on it, each row against that
+    # class's own default, from the interleaved re-timing (95% interval of the ratio)
+    hdr = (f"{'class':14} {'problem':32} {'default':>11} {'tuned':>11} {'speed-up':>8} "
+           f"{'95% interval':>15} {'GB/s':>7} {'% of bw':>8}")
     print(hdr, file=out)
     for r in summary["rows"]:
         d = f"{r['default_s'] * 1e3:.3f} ms" if r["default_s"] else "-"
         sp = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
+        iv = (f"[{r['interval'][0]:.3f}, {r['interval'][1]:.3f}]" if r.get("interval")
+              else "(default)" if r.get("kept_default") else "-")
         g = f"{r['gbps']:.1f}" if r["gbps"] else "-"
         f = f"{100 * r['bw_fraction']:.0f}%" if r["bw_fraction"] else "-"
-        print(f"{r['class']:12} {r['problem']:32} {d:>11} {r['tuned_s'] * 1e3:8.3f} ms {sp:>8} {g:>7} "
-              f"{f:>8}", file=out)
+        print(f"{r['class']:14} {r['problem']:32} {d:>11} {r['tuned_s'] * 1e3:8.3f} ms {sp:>8} "
+              f"{iv:>15} {g:>7} {f:>8}", file=out)
+    gate = summary.get("gate")
+    if gate:
+        from .gate import print_gate
+        print_gate(gate, out)
     if bw:
         print(f"(% of bw: decode weight bytes per second over the measured read bandwidth, "
               f"{bw:.1f} GB/s)", file=out)

@@ -54,19 +54,24 @@ def _limit(mem_bytes: int | None):
     return apply
 
 
-def measure(job: dict, timeout_s: float, mem_bytes: int | None = None) -> list[Outcome]:
-    """Run one job (one library, several problems); one Outcome per problem."""
-    problems = [p["name"] for p in job["problems"]]
+def _spawn(job: dict, timeout_s: float, mem_bytes: int | None):
+    """Run `python -m tuner.worker` on the job: (stdout, stderr, returncode, timed out)."""
     proc = subprocess.Popen([sys.executable, "-m", "tuner.worker"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_limit(mem_bytes), env=dict(os.environ, PYTHONHASHSEED="0"))
     try:
         out, err = proc.communicate(json.dumps(job), timeout=timeout_s)
-        timed_out = False
+        return out, err, proc.returncode, False
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        timed_out = True
+        return out, err, proc.returncode, True
+
+
+def measure(job: dict, timeout_s: float, mem_bytes: int | None = None) -> list[Outcome]:
+    """Run one job (one library, several problems); one Outcome per problem."""
+    problems = [p["name"] for p in job["problems"]]
+    out, err, returncode, timed_out = _spawn(job, timeout_s, mem_bytes)
     done = {}
     for line in out.splitlines():
         try:
@@ -78,15 +83,15 @@ def measure(job: dict, timeout_s: float, mem_bytes: int | None = None) -> list[O
     if timed_out:
         why = f"timed out after {timeout_s:.0f} s"
         status = STATUS_TIMEOUT
-    elif proc.returncode < 0:
-        sig = -proc.returncode
+    elif returncode < 0:
+        sig = -returncode
         why = f"killed by signal {sig} ({signal.Signals(sig).name})"
         if sig in (signal.SIGKILL,) and mem_bytes:
             why += f"; memory cap {mem_bytes >> 20} MiB"
         status = STATUS_CRASH
-    elif proc.returncode != 0:
+    elif returncode != 0:
         tail = err.strip().splitlines()[-3:]
-        why = f"worker exited with {proc.returncode}: " + " | ".join(tail)
+        why = f"worker exited with {returncode}: " + " | ".join(tail)
         status = STATUS_CRASH if "MemoryError" not in err else STATUS_ERROR
     else:
         why, status = "worker ended without a result", STATUS_ERROR
@@ -101,59 +106,24 @@ def _emit(**d) -> None:
 
 
 def _run_problem(lib, pd: dict, job: dict) -> None:
-    import numpy as np
-
-    from colibri import quant, reference
     from colibri._lib import ffi
     from colibri.layer import MoELayer
 
-    from . import weights
     from .problems import problem
 
     p = problem(pd["name"])
-    seed = job.get("seed", 0)
-    enc = weights.load_encoded(job["weights_dir"], p, seed)
-    sh = enc.pop("shared_expert_gate", (None, None))[0]
-    router = enc.pop("router")[0]
-    route = dict(top_k=p.k, scoring=p.scoring, norm_topk_prob=p.norm)
+    enc, sh, router, route = _layer_inputs(p, job)
     layer = MoELayer.from_encoded(router, enc, weight_dtype=p.dtype, shared_expert_gate=sh,
                                   threads=job.get("threads"), lib=job["lib"], **route)
-    # 1. verify against the float64 reference: the real shape at T=1 (decode kernels),
-    # then a small ragged layer whose experts get many tokens (prefill kernels too);
-    # the kernels are not specialised by shape, so together they cover the variant.
-    f32 = weights.load(job["weights_dir"], p, seed)
-    shared = {n: (f32[n] if n == "shared_expert_gate" else quant.roundtrip(f32[n], p.dtype))
-              for n in weights.SHARED if n in f32}
-    x = reference.inputs_with_margin(router, 1, seed=1, **route)
-    act = quant.ACTIVATION_ROUNDING.get(p.dtype)
-    ref = reference.moe_layer(x, router, *(quant.PerExpert(f32[n], p.dtype)
-                                           for n in ("gate", "up", "down")), **route, **shared,
-                              act=act)
-    guards = _set_guards(lib, True)
-    try:
-        checks = [(f"{p.shape} T=1", _guarded_call(layer, x, f"{p.shape} T=1"), ref, 1)]
-        checks += _small_checks(job["lib"], p)
-    except OutOfBounds as exc:
-        _emit(problem=p.name, status=STATUS_WRONG, reason=str(exc))
+    # 1. verify against the float64 reference
+    bad = _verify(lib, job["lib"], layer, router, p, job)
+    if isinstance(bad, dict):
+        _emit(problem=p.name, **bad)
         return
-    finally:
-        _set_guards(lib, guards)
-    worst = 0.0
-    for what, out, ref, T in checks:
-        ok, rel, msg = reference.compare(out, ref, p.dtype)  # the same criterion as the tests
-        if not ok:
-            _emit(problem=p.name, status=STATUS_WRONG, max_rel_err=None if rel == float("inf") else rel,
-                  reason=f"{msg} ({what})")
-            return
-        worst = max(worst, rel)
+    worst = bad
     # 2. time inside C, fresh inputs per call (decode: other experts each call)
-    rng = np.random.default_rng(seed + 7)
-    n_inputs = max(1, job.get("inputs_per_problem", 64) // p.T)
-    xs = rng.standard_normal((n_inputs, p.T, p.H), dtype=np.float32)
-    out = np.empty((p.T, p.H), np.float32)
-    max_samples = job.get("max_samples", 2000)
-    samples = np.empty(max_samples, np.float64)
-    n = ffi.new("int *")
+    xs, out, samples, n = _timing_buffers(p, job)
+    n_inputs, max_samples = len(xs), len(samples)
     warmup = job.get("warmup", 3)
 
     # copies of the layer, cycled through, where one layer's weights would sit in the
@@ -183,6 +153,151 @@ def _run_problem(lib, pd: dict, job: dict) -> None:
     leak = leak_reason(mem0, mem1, warmup + n[0])
     _emit(problem=p.name, status=STATUS_LEAK if leak else STATUS_OK, reason=leak or "",
           samples=samples[:n[0]].tolist(), max_rel_err=worst)
+
+
+def _verify(lib, lib_path: str, layer, router, p, job: dict):
+    """Check a layer of `lib` against the float64 reference: the real shape at T=1 (decode
+    kernels), then a small ragged layer whose experts get many tokens (prefill and gemm
+    kernels too); the kernels are not specialised by shape, so together they cover the
+    variant. The worst relative error, or the fields of a failed result (a dict)."""
+    from colibri import quant, reference
+
+    from . import weights
+
+    route = dict(top_k=p.k, scoring=p.scoring, norm_topk_prob=p.norm)
+    f32 = weights.load(job["weights_dir"], p, job.get("seed", 0))
+    shared = {n: (f32[n] if n == "shared_expert_gate" else quant.roundtrip(f32[n], p.dtype))
+              for n in weights.SHARED if n in f32}
+    x = reference.inputs_with_margin(router, 1, seed=1, **route)
+    act = quant.ACTIVATION_ROUNDING.get(p.dtype)
+    ref = reference.moe_layer(x, router, *(quant.PerExpert(f32[n], p.dtype)
+                                           for n in ("gate", "up", "down")), **route, **shared,
+                              act=act)
+    guards = _set_guards(lib, True)
+    try:
+        checks = [(f"{p.shape} T=1", _guarded_call(layer, x, f"{p.shape} T=1"), ref, 1)]
+        checks += _small_checks(lib_path, p)
+    except OutOfBounds as exc:
+        return {"status": STATUS_WRONG, "reason": str(exc)}
+    finally:
+        _set_guards(lib, guards)
+    worst = 0.0
+    for what, out, ref, T in checks:
+        ok, rel, msg = reference.compare(out, ref, p.dtype)  # the same criterion as the tests
+        if not ok:
+            return {"status": STATUS_WRONG, "max_rel_err": None if rel == float("inf") else rel,
+                    "reason": f"{msg} ({what})"}
+        worst = max(worst, rel)
+    return worst
+
+
+def _layer_inputs(p, job: dict):
+    """The problem's encoded weights from the weights directory: (expert and shared weights,
+    the shared expert's gate or None, the router, the routing arguments of MoELayer)."""
+    from . import weights
+
+    enc = weights.load_encoded(job["weights_dir"], p, job.get("seed", 0))
+    sh = enc.pop("shared_expert_gate", (None, None))[0]
+    router = enc.pop("router")[0]
+    return enc, sh, router, dict(top_k=p.k, scoring=p.scoring, norm_topk_prob=p.norm)
+
+
+def _timing_buffers(p, job: dict):
+    """Inputs (a fresh one per call: decode routes to other experts each call), the output,
+    the samples array and its count for colibri_bench_layers."""
+    import numpy as np
+
+    from colibri._lib import ffi
+
+    rng = np.random.default_rng(job.get("seed", 0) + 7)
+    n_inputs = max(1, job.get("inputs_per_problem", 64) // p.T)
+    xs = rng.standard_normal((n_inputs, p.T, p.H), dtype=np.float32)
+    return (xs, np.empty((p.T, p.H), np.float32), np.empty(job.get("max_samples", 2000), np.float64),
+            ffi.new("int *"))
+
+
+_LAYERS: dict = {}  # a compare job's layers of one shape and dtype, kept across its phases
+
+
+def _compare_problem(libs: list, pd: dict, job: dict) -> None:
+    """Several libraries on one problem, interleaved: per thread count, `rounds` rounds, each
+    timing every library for min_seconds (round r starts with library r mod n, so none is
+    always first), inside C. Libraries marked in job["verify"] are checked against the
+    reference first; a failed check fails the whole problem. Emits one line per thread count:
+    seconds[i][r] = library i's median seconds per call in round r."""
+    import numpy as np
+
+    from colibri._lib import ffi, last_error
+    from colibri.layer import MoELayer
+
+    from .bandwidth import _llc_total_here, resident_copies
+    from .bench import round_order
+    from .problems import problem
+
+    p = problem(pd["name"])
+    key = (p.shape, p.dtype)  # the layers serve every phase of a shape and dtype: built once
+    if _LAYERS.get("key") != key:
+        _LAYERS.clear()  # free the previous shape's or dtype's layers first
+        _LAYERS.update(key=key, sets=None, bad=None)
+        enc, sh, router, route = _layer_inputs(p, job)
+        ncopies = resident_copies(p.layer_bytes, _llc_total_here())
+        sets = []
+        for i, (lib, path) in enumerate(libs):
+            copies = [MoELayer.from_encoded(router, enc, weight_dtype=p.dtype, shared_expert_gate=sh,
+                                            lib=path, **route) for _ in range(ncopies)]
+            if (job.get("verify") or [False] * len(libs))[i]:
+                bad = _verify(lib, path, copies[0], router, p, job)
+                if isinstance(bad, dict):
+                    _LAYERS["bad"] = dict(bad, lib=i)
+                    break
+            sets.append((lib, copies, ffi.new("colibri_layer *[]", [c._ptr for c in copies])))
+        _LAYERS["sets"] = sets
+    if _LAYERS["bad"]:  # a library that failed verification fails every phase of its dtype
+        for th in job["threads"]:
+            _emit(problem=p.name, threads=th, **_LAYERS["bad"])
+        return
+    sets = _LAYERS["sets"]
+    xs, out, samples, n = _timing_buffers(p, job)
+    n_inputs, most = len(xs), len(samples)
+    for th in job["threads"]:
+        per = [[] for _ in libs]
+        for r in range(job.get("rounds", 3)):
+            for i in round_order(list(range(len(libs))), r):
+                lib, copies, ptrs = sets[i]
+                st = lib.colibri_bench_layers(ptrs, len(copies), ffi.from_buffer("float[]", xs), n_inputs,
+                                              p.T, ffi.from_buffer("float[]", out), th,
+                                              # warm once per library and thread count
+                                              job.get("warmup", 1) if r < len(libs) else 0,
+                                              job.get("min_seconds", 0.2), most,
+                                              ffi.from_buffer("double[]", samples), n)
+                if st:
+                    _emit(problem=p.name, threads=th, lib=i, status=STATUS_ERROR,
+                          reason=f"bench failed: {last_error(lib)}")
+                    return
+                per[i].append(float(np.median(samples[:n[0]])))
+        _emit(problem=p.name, threads=th, status=STATUS_OK, seconds=per)
+
+
+def compare(job: dict, timeout_s: float, mem_bytes: int | None = None) -> list[dict]:
+    """Parent side of a compare job (libs, problems, threads, rounds, min_seconds, verify):
+    one dict per (problem, threads): status, reason, seconds (see _compare_problem). A
+    problem the worker never reported (crash, timeout) gets that status."""
+    out, err, returncode, timed_out = _spawn(dict(job, mode="compare"), timeout_s, mem_bytes)
+    why = (STATUS_TIMEOUT, f"timed out after {timeout_s:.0f} s") if timed_out else None
+    done = {}
+    for line in out.splitlines():
+        try:
+            d = json.loads(line)
+            done[(d["problem"], d["threads"])] = d
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    if why is None and returncode != 0:
+        tail = " | ".join(err.strip().splitlines()[-3:])
+        why = (STATUS_CRASH, f"worker exited with {returncode}: {tail}")
+    why = why or (STATUS_ERROR, "worker ended without a result")
+    return [done.get((p["name"], th)) or {"problem": p["name"], "threads": th, "status": why[0],
+                                          "reason": why[1]}
+            for p in job["problems"] for th in job["threads"]]
 
 
 def _small_checks(lib_path: str, p) -> list[tuple[str, object, object]]:
@@ -292,6 +407,15 @@ def main() -> int:
     job = json.loads(sys.stdin.read())
     from colibri._lib import open_library
 
+    if job.get("mode") == "compare":
+        libs = [(open_library(path), path) for path in job["libs"]]
+        # phases of one shape and dtype in a row: their layers are built once
+        order = sorted(job["problems"], key=lambda pd: tuple(pd["name"].split("/")[::2]))
+        for pd in order:
+            t0 = time.perf_counter()
+            _compare_problem(libs, pd, job)
+            print(f"{pd['name']}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        return 0
     lib = open_library(job["lib"])
     if job.get("inject"):  # fault injection for the tuner's own tests
         _inject(job["inject"])
