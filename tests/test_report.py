@@ -2,6 +2,7 @@
 recorded store (tests/fixtures/stores/expert_ffn-emr-vm.sqlite) plus a synthetic tuned
 directory; missing inputs; a plot that fails; the page opened in headless Chromium."""
 import base64
+import html
 import json
 import os
 import re
@@ -316,6 +317,96 @@ def test_cli_report_unwritable_out_fails_cleanly(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 1
     assert "cannot write the report" in res.stderr and "Traceback" not in res.stderr
+
+
+# ------------------------------------------------------------ the acceptance gate
+
+def _gate_cell(problem, threads, median, lo, hi, **kw):
+    return dict({"problem": problem, "threads": threads, "status": "ok", "default_s": 0.01,
+                 "candidate_s": 0.01 / median, "median": median, "lo": lo, "hi": hi, "rounds": 3,
+                 "slower": hi < 1.0 or median < 0.98, "faster": lo > 1.0, "owners": ["decode"]}, **kw)
+
+
+def gate_record() -> dict:
+    """A gate record as tuner/gate.py writes it: one class reverted in pass 1, the last
+    pass with a faster, a slower-but-unattributed, a neutral and a crashed cell."""
+    pre = "qwen3-30b-a3b/prefill512/bf16"
+    first = [_gate_cell(DECODE, 1, 0.912, 0.880, 0.940)]
+    last = [_gate_cell(DECODE, 1, 1.000, 0.990, 1.010),
+            _gate_cell(DECODE, 2, 1.123, 1.050, 1.190),
+            _gate_cell(pre, 1, 0.975, 0.950, 1.002, owners=[], note="slower outside every tuned "
+                       "class's domain, within 2%: not attributed"),
+            {"problem": pre, "threads": 2, "status": "crash", "reason": "SIGSEGV in expert_ffn"}]
+    why = f"{DECODE} at 1 thread(s): 0.912x [0.880, 0.940]"
+    return {"shapes": ["qwen3-30b-a3b", "olmoe-1b-7b"], "phases": ["decode", "prefill512"],
+            "dtypes": ["f32", "bf16"], "threads": [1, 2], "rounds": 3, "min_seconds": 0.1,
+            "rule": "a cell is slower when the upper bound of its 95% interval is < 1.0 or its "
+                    "median ratio < 0.98",
+            "passes": [{"knobs": {"rows": 8}, "vid": "rows=8", "changed": {"decode": ["rows"]},
+                        "cells": first, "reverted": ["decode"]},
+                       {"knobs": {"rows": 4}, "vid": "rows=4", "changed": {"prefill": ["cols"]},
+                        "cells": last, "reverted": []}],
+            "reverted": {"decode": {"knobs": {"rows": 8}, "cells": [why]}},
+            "cells": last, "knobs": {"rows": 4}, "passed": True}
+
+
+def _with_gate(d: Path, gate) -> None:
+    m = json.loads((d / "manifest.json").read_text())
+    if gate is ...:
+        m.pop("gate", None)
+    else:
+        m["gate"] = gate
+    (d / "manifest.json").write_text(json.dumps(m))
+
+
+def _gate_section(page: str) -> str:
+    return re.search(r'<h2 id="gate">(.*?)<h2 id="isa-check">', page, re.S).group(1)
+
+
+def test_gate_matrix_colours_cells_and_names_reverted_classes(tmp_path):
+    make_tuned_dir(tmp_path / "tuned", None)
+    _with_gate(tmp_path / "tuned", gate_record())
+    res = report.write_report(None, tmp_path / "tuned", tmp_path / "out")
+    page = res["html"].read_text()
+    sec = _gate_section(page)
+    table = re.search(r'<table id="gate-matrix">(.*?)</table>', sec, re.S).group(1)
+    cell = {m.group(2): m.group(1) for m in re.finditer(r'<td class="num gate-(\w+)"[^>]*>([^<]*)</td>',
+                                                        table)}
+    assert cell["0.975x [0.950, 1.002]"] == "slower"   # red: below the 0.98 median floor
+    assert cell["1.123x [1.050, 1.190]"] == "faster"   # green: the interval lies above 1
+    assert cell["1.000x [0.990, 1.010]"] == "neutral"
+    assert cell["crash"] == "failed" and "SIGSEGV in expert_ffn" in table
+    assert "td.gate-slower" in page                      # the class is styled (red)
+    assert table.index(DECODE) < table.index("qwen3-30b-a3b/prefill512/bf16")
+    text = html.unescape(_text(sec))
+    assert "decode" in _text(re.search(r'<ul id="gate-reverted">(.*?)</ul>', sec, re.S).group(1))
+    assert f"{DECODE} at 1 thread(s): 0.912x [0.880, 0.940]" in text
+    assert "qwen3-30b-a3b, olmoe-1b-7b" in text and "median ratio < 0.98" in text
+    assert "1: rows=8 (decode tuned): reverted decode" in text
+    md = res["md"].read_text()
+    assert "| qwen3-30b-a3b/prefill512/bf16 | 0.975x [0.950, 1.002] **SLOWER** | crash |" in md
+    assert f"**decode** reverted to its defaults: {DECODE} at 1 thread(s)" in md
+
+
+@pytest.mark.parametrize("gate, says", [
+    (..., "predates the acceptance gate"),
+    (None, "The gate was not run"),
+    ({"knobs": {}, "passed": True, "note": "the candidate is the default", "passes": [],
+      "cells": [], "reverted": {}, "shapes": ["tiny"], "threads": [1], "rounds": 3,
+      "min_seconds": 0.1, "rule": "r"}, "the candidate is the default: no cell needed checking"),
+    ("not a record", "could not be read"),
+])
+def test_gate_section_without_a_matrix_still_renders(tmp_path, gate, says):
+    make_tuned_dir(tmp_path / "tuned", None)
+    _with_gate(tmp_path / "tuned", gate)
+    res = report.write_report(None, tmp_path / "tuned", tmp_path / "out")
+    page = res["html"].read_text()
+    assert res["errors"] == []
+    assert says in _text(_gate_section(page)) and 'id="gate-matrix"' not in page
+    assert "Acceptance gate" in res["md"].read_text()
+    assert "No class reverted" not in page
+    if gate == "not a record":  # named among the missing inputs, not a crash
+        assert "gate matrix" in dict(res["missing"])
 
 
 # ------------------------------------------------------------ tuner run wiring

@@ -13,6 +13,10 @@ unpacked tarball, or build/tuned/<host-id>/).
    verified and timed on the artifact's problems, interleaved (A B, B A, ...), a few
    rounds; per problem the median over rounds. Drift: the artifact is slower than its
    manifest recorded, or slower than the default, by more than --threshold.
+3. Gate sample (with the re-timing, unless --gate-sample 0): a few cells of the
+   acceptance gate's matrix the manifest records (tuner/gate.py), the recorded slowest
+   among them, re-measured default vs artifact interleaved as the gate did. Drift: a
+   cell's new ratio is slower by the gate's own rule (tuner/decide.py).
 
 Exit status: 0 matches and no drift; 1 drift, or a failure (unreadable artifact, a
 library that does not verify); 2 usage; 4 the artifact was made for another host or
@@ -50,9 +54,13 @@ def add_command(sub) -> None:
     p.add_argument("--no-retime", action="store_true", help="compare signatures only")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (default 3)")
     p.add_argument("--min-seconds", type=float,
-                   help="timing per library, problem and round (default: the run's, halved)")
+                   help="timing per library, problem and round (default: the run's, halved; "
+                   "for the gate sample, the gate's)")
     p.add_argument("--threshold", type=float, default=0.10,
                    help="relative slow-down flagged as drift (default 0.10 = 10%%)")
+    p.add_argument("--gate-sample", type=int, default=4, metavar="N",
+                   help="re-measure at most N cells of the manifest's gate matrix, the recorded "
+                   "slowest first, spread over dtypes and phases (default 4; 0: none)")
     p.add_argument("--build-dir", help="where the default build and the weights live (default build/)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=main)
@@ -254,6 +262,91 @@ def retime(art: Artifact, build_dir: Path, rounds: int, min_seconds: float | Non
             "drift": drift}
 
 
+# ---------------------------------------------------------------- the gate's matrix, sampled
+
+def _dtype_phase(cell: dict) -> tuple[str, str]:
+    parts = str(cell.get("problem", "")).split("/")
+    return (parts[2] if len(parts) > 2 else "", parts[1] if len(parts) > 1 else "")
+
+
+def gate_sample(cells: list[dict], n: int) -> list[dict]:
+    """At most n of the gate's ok cells: the recorded slowest ratio first, then each next
+    the one adding the most unseen dtypes and phases (ties: an unseen problem, then the
+    slower ratio, then name and threads), so a few cells cover what the matrix spans."""
+    ok = sorted((c for c in cells if c.get("status") == "ok"
+                 and isinstance(c.get("median"), (int, float))),
+                key=lambda c: (c["median"], c["problem"], c["threads"]))
+    picked: list[dict] = []
+    while ok and len(picked) < n:
+        dtypes = {_dtype_phase(c)[0] for c in picked}
+        phases = {_dtype_phase(c)[1] for c in picked}
+        probs = {c["problem"] for c in picked}
+
+        def gain(c):
+            d, ph = _dtype_phase(c)
+            return -((d not in dtypes) + (ph not in phases)), c["problem"] in probs
+
+        best = min(ok, key=gain)  # min is stable: among equal gains, ok's order decides
+        picked.append(best)
+        ok.remove(best)
+    return picked
+
+
+def gate_recheck(art: Artifact, build_dir: Path, default: Path, n: int, rounds: int,
+                 min_seconds: float | None, say) -> dict:
+    """Re-measure gate_sample(...) of the manifest's gate cells, default vs artifact
+    interleaved; {"skipped": why} when there is nothing to re-measure."""
+    if n <= 0:
+        return {"skipped": "--gate-sample 0"}
+    g = art.manifest.get("gate")
+    g = g if isinstance(g, dict) else {}
+    passes = g.get("passes") or []
+    if passes and passes[-1].get("reverted"):
+        # the gate's last pass reverted every class it measured: its cells are not this library's
+        return {"skipped": "the gate's last pass measured a candidate that was not emitted"}
+    cells = gate_sample(g.get("cells") or [], n)
+    if not cells:
+        note = f" ({g['note']})" if g.get("note") else ""
+        return {"skipped": "the manifest records no gate cells" + note}
+    from . import decide, problems as problems_mod, weights, worker
+    from .run import worker_memory_cap
+
+    seed = (art.manifest.get("measure") or {}).get("seed") or 0
+    rounds = g.get("rounds") or rounds  # as many rounds as the recorded interval had
+    secs = min_seconds or g.get("min_seconds") or 0.2
+    wdir = build_dir / "tuner" / "weights"
+    probs = {c["problem"]: problems_mod.problem(c["problem"]) for c in cells}
+    for p in probs.values():
+        weights.ensure(wdir, p, seed, progress=say)
+    say(f"re-measuring {len(cells)} cell(s) of the gate's matrix, default vs artifact, "
+        f"{rounds} round(s) interleaved")
+    got = {}
+    for th in sorted({c["threads"] for c in cells}):  # one job per thread count: no unsampled cell
+        names = [c["problem"] for c in cells if c["threads"] == th]
+        job = {"libs": [str(default), str(art.library)], "problems": [{"name": x} for x in names],
+               "threads": [th], "rounds": rounds, "min_seconds": secs, "warmup": 1,
+               "verify": [False, True], "weights_dir": str(wdir), "seed": seed}
+        for r in worker.compare(job, 300.0 * len(names),
+                                2 * worker_memory_cap([probs[x] for x in names])):
+            got[(r["problem"], r["threads"])] = r
+    rows, failures = [], []
+    for c in cells:
+        r = got.get((c["problem"], c["threads"])) or {"status": "error", "reason": "not measured"}
+        row = {"problem": c["problem"], "threads": c["threads"],
+               "recorded": {k: c.get(k) for k in ("median", "lo", "hi")}, "status": r["status"]}
+        if r["status"] != "ok":
+            why = (r.get("reason") or "").strip().splitlines() or [""]
+            failures.append(f"{c['problem']} at {c['threads']} thread(s): {r['status']} "
+                            f"({why[0][:200]})")
+        else:
+            d, a = r["seconds"]
+            now = decide.ratio([x / y for x, y in zip(d, a)])
+            row.update(now.to_dict(), drift=now.slower)
+        rows.append(row)
+    return {"rounds": rounds, "min_seconds": secs, "rows": rows, "failures": failures,
+            "drift": any(r.get("drift") for r in rows)}
+
+
 # ---------------------------------------------------------------- command
 
 def _fmt(v) -> str:
@@ -292,13 +385,31 @@ def print_result(res: dict, out=None) -> None:
         flag = ("  DRIFT: " + "; ".join(r["drift"])) if r["drift"] else "  ok"
         print(f"  {r['problem']:32} {r['artifact_s'] * 1e3:.3f} ms now ({rec}default "
               f"{r['default_s'] * 1e3:.3f} ms){flag}", file=out)
+    gs = res.get("gate_sample")
+    if gs and gs.get("skipped"):
+        print(f"  gate sample: not re-measured: {gs['skipped']}", file=out)
+    elif gs:
+        print(f"  gate sample (speed ratio default/artifact, {gs['rounds']} round(s)):", file=out)
+        for f in gs["failures"]:
+            print(f"  FAILED   {f}", file=out)
+        for r in gs["rows"]:
+            if r["status"] != "ok":
+                continue
+            was = r["recorded"]
+            rec = (f"{was['median']:.3f}x [{was['lo']:.3f}, {was['hi']:.3f}]"
+                   if None not in was.values() else "(not recorded)")
+            now = f"{r['median']:.3f}x [{r['lo']:.3f}, {r['hi']:.3f}]"
+            print(f"  {r['problem']:32} {r['threads']:>2} thr  recorded {rec}  now {now}"
+                  + ("  DRIFT: slower than the default" if r["drift"] else "  ok"), file=out)
 
 
 def main(args: argparse.Namespace) -> int:
     from .ci import plain_log
 
-    if args.rounds < 1 or args.threshold < 0 or (args.min_seconds is not None and args.min_seconds <= 0):
-        print("tuner check: --rounds wants >= 1, --threshold >= 0, --min-seconds > 0",
+    if args.rounds < 1 or args.threshold < 0 or args.gate_sample < 0 or (
+            args.min_seconds is not None and args.min_seconds <= 0):
+        print("tuner check: --rounds wants >= 1, --threshold >= 0, --gate-sample >= 0, "
+              "--min-seconds > 0",
               file=sys.stderr)
         return EXIT_USAGE
     say = plain_log()
@@ -309,7 +420,8 @@ def main(args: argparse.Namespace) -> int:
         try:
             art = open_artifact(args.artifact, Path(scratch))
             res = {"artifact": art.source, "profile": art.manifest["profile"],
-                   "compare": compare(art), "retime": None, "retime_skipped": None}
+                   "compare": compare(art), "retime": None, "retime_skipped": None,
+                   "gate_sample": None}
             runnable = res["compare"]["runnable"].get("runnable", False)
             if args.no_retime:
                 res["retime_skipped"] = "--no-retime"
@@ -320,13 +432,17 @@ def main(args: argparse.Namespace) -> int:
             else:
                 res["retime"] = retime(art, build_dir, args.rounds, args.min_seconds,
                                        args.threshold, say)
+                res["gate_sample"] = gate_recheck(art, build_dir,
+                                                  Path(res["retime"]["default_library"]),
+                                                  args.gate_sample, args.rounds,
+                                                  args.min_seconds, say)
         except (ArtifactError, OSError, ValueError, RuntimeError) as exc:
             print(f"tuner check: {exc}", file=sys.stderr)
             return EXIT_DRIFT
-    rt = res["retime"]
+    rt, gs = res["retime"], res["gate_sample"]
     if not res["compare"]["match"]:
         code = EXIT_MISMATCH
-    elif rt and (rt["drift"] or rt["failures"]):
+    elif any(x and (x.get("drift") or x.get("failures")) for x in (rt, gs)):
         code = EXIT_DRIFT
     else:
         code = EXIT_OK

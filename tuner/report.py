@@ -4,7 +4,8 @@
 
 Reads files only, never the benchmark code (DESIGN.md: data flows one way):
   the results store            every measured variant (tuner/store.py), oldest first
-  <tuned_dir>/manifest.json    host, profile, compiler, flags, winners, default (tuner/emit.py)
+  <tuned_dir>/manifest.json    host, profile, compiler, flags, winners, default, the
+                               acceptance gate's record (tuner/emit.py, tuner/gate.py)
   <tuned_dir>/build_info.json  what the emitted library was built from
   <tuned_dir>/config.h         the emitted knobs and signature
   <tuned_dir>/libcolibri.so    disassembled by tuner.isacheck (registers vs promise)
@@ -616,6 +617,60 @@ def failures(inp: Inputs) -> dict:
             "truncated": max(0, len(bad) - FAILED_ROWS_MAX)}
 
 
+GATE_EMPTY = {"state": "absent", "message": "", "rows": [], "threads": [], "reverted": [],
+              "passes": [], "rule": None, "shapes": [], "rounds": None, "min_seconds": None,
+              "note": None}
+
+
+def _gate_cell(c: dict | None) -> dict:
+    """One matrix cell as the page shows it: its text, its colour class, a tooltip."""
+    if c is None:
+        return {"text": "-", "cls": "missing", "title": "not in the matrix"}
+    if c.get("status") != "ok":
+        reason = str(c.get("reason") or "")
+        return {"text": str(c.get("status")), "cls": "failed", "title": reason[:REASON_CHARS]}
+    text = f"{_fmt(c.get('median'), '.3f')}x [{_fmt(c.get('lo'), '.3f')}, {_fmt(c.get('hi'), '.3f')}]"
+    # the verdict the gate recorded, not one recomputed here: the page shows what decided
+    cls = "slower" if c.get("slower") else "faster" if c.get("faster") else "neutral"
+    title = "; ".join(x for x in (
+        f"default {_fmt(c.get('default_s'), '.3g')} s, tuned {_fmt(c.get('candidate_s'), '.3g')} s, "
+        f"{c.get('rounds')} rounds",
+        "classes: " + ", ".join(c.get("owners") or []) if c.get("owners") else "",
+        str(c.get("note") or "")) if x)
+    return {"text": text, "cls": cls, "title": title}
+
+
+def gate_matrix(inp: Inputs) -> dict:
+    """The acceptance gate (tuner/gate.py) as the manifest records it: the last pass's
+    cells as a problem x threads table, the reverted classes and why, each pass."""
+    man = inp.manifest
+    if man is None:
+        return dict(GATE_EMPTY, message="No manifest: the gate's record is unknown.")
+    if "gate" not in man:
+        return dict(GATE_EMPTY, message="This artifact predates the acceptance gate: its manifest "
+                                        "has no gate record.")
+    g = man["gate"]
+    if g is None:
+        return dict(GATE_EMPTY, message="The gate was not run for this artifact (tuner run --no-gate).")
+    cells = [c for c in g.get("cells") or [] if isinstance(c, dict)]
+    threads = list(g.get("threads") or []) or sorted({c.get("threads") for c in cells},
+                                                     key=str)
+    by = OrderedDict()
+    for c in cells:
+        by.setdefault(c.get("problem"), {})[c.get("threads")] = c
+    rows = [{"problem": p, "cells": [_gate_cell(cs.get(th)) for th in threads]}
+            for p, cs in by.items()]
+    reverted = [{"class": cls, "cells": [str(x) for x in (r or {}).get("cells") or []]}
+                for cls, r in (g.get("reverted") or {}).items()]
+    passes = [{"vid": p.get("vid"), "changed": list(p.get("changed") or {}),
+               "reverted": list(p.get("reverted") or []), "cells": len(p.get("cells") or [])}
+              for p in g.get("passes") or [] if isinstance(p, dict)]
+    return {"state": "passed" if g.get("passed") else "failed", "message": "", "rows": rows,
+            "threads": threads, "reverted": reverted, "passes": passes, "rule": g.get("rule"),
+            "shapes": list(g.get("shapes") or []), "rounds": g.get("rounds"),
+            "min_seconds": g.get("min_seconds"), "note": g.get("note")}
+
+
 def signatures(inp: Inputs) -> dict:
     man = inp.manifest or {}
     cfg = inp.config
@@ -653,6 +708,8 @@ def context(inp: Inputs, plots: list[Plot], out_dir: Path) -> dict:
         "winners": _section(winners, inp, {"knobs": {}, "classes": [], "rows": [], "best": []}),
         "failed": _section(failures, inp, {"counts": {}, "rows": [], "total": 0, "truncated": 0}),
         "signatures": _section(signatures, inp, {"sigs": {}, "agree": None}),
+        "gate": _section(gate_matrix, inp, dict(GATE_EMPTY, message="The gate's record could "
+                                                "not be read (see Missing inputs).")),
         "isa": inp.isa_check, "plots": plots,
         "bench": _records((inp.bench or {}).get("rows"), BENCH_ROW_KEYS),
         "read_bw": read_bandwidth(inp),
