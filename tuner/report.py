@@ -581,10 +581,15 @@ def winners(inp: Inputs) -> dict:
     classes = []
     for c in summ.get("classes") or []:
         w = c.get("winner") or {}
+        # the class's own knobs (older manifests: the whole variant id)
+        mine = ",".join(f"{k}={(w.get('knobs') or {}).get(k)}" for k in c.get("knobs") or [])
+        overall = (w.get("verdict") or {}).get("overall") or {}
         classes.append({"class": c.get("class"), "strategy": c.get("strategy"),
                         "evaluations": c.get("evaluations"), "space_size": c.get("space_size"),
-                        "problems": c.get("problems") or [], "winner": w.get("vid"),
-                        "is_default": w.get("is_default")})
+                        "problems": c.get("problems") or [], "winner": mine or w.get("vid"),
+                        "is_default": w.get("is_default"),
+                        "ratio": (f"{overall['median']:.3f}x [{overall['lo']:.3f}, {overall['hi']:.3f}]"
+                                  if overall and not w.get("is_default") else None)})
     best = []
     dflt = defaults_by_problem(inp)
     for (kernel, prob), ms in groups(inp).items():
