@@ -29,7 +29,7 @@ def run_config(args: argparse.Namespace, command: str = "run"):
     if args.quick:  # the same domains, fewer values, timed for less
         cfg.min_seconds, cfg.warmup = min(cfg.min_seconds, 0.1), 1
         cfg.finalists, cfg.retime_rounds = 2, 4
-        cfg.gate_rounds, cfg.gate_min_seconds = 3, 0.1
+        cfg.gate_rounds, cfg.gate_min_seconds = 4, 0.05
     if getattr(args, "no_gate", False):
         cfg.gate = False
     if getattr(args, "gate_shape", None):

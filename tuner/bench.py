@@ -4,7 +4,9 @@ PyTorch eager when installed — with the host's read bandwidth measured in the 
 rounds, so every figure is a ratio within one run.
 
 Interleaving: each group (shape, phase, dtype, threads) is timed in `rounds` rounds;
-a round measures the read bandwidth, then every implementation for `min_seconds`.
+a round measures the read bandwidth, then every implementation for `min_seconds`. The
+layers are built twice, in opposite orders, each serving half of the rounds: where a
+layer sits in memory moves its speed by several percent.
 A figure is the median over rounds of each round's median, and a ratio the median
 over rounds of the per-round ratios, so a minute-to-minute swing of this machine's
 bandwidth moves both sides of a ratio together.
@@ -230,13 +232,11 @@ def round_order(names: list, r: int) -> list:
     return names[k:] + names[:k]
 
 
-def bench_group(p, p_peer, layers, peers, xs, threads, rounds, min_seconds, bw_fn) -> list[dict]:
-    """Interleaved rounds over one (problem, threads) group -> one row per implementation.
-    The peers (NumPy, PyTorch) run problem p_peer: the same shape and phase in f32."""
+def time_rounds(layers, peers, xs, threads, rounds, min_seconds, bw_fn, per, bws, first=0) -> None:
+    """Rounds first .. first+rounds-1 of one (problem, threads) group, appended to per[name]
+    (seconds per round) and bws (read bandwidth per round)."""
     names = [*layers, *peers]
-    per = {name: [] for name in names}
-    bws = []
-    for r in range(rounds):
+    for r in range(first, first + rounds):
         b = bw_fn(threads)
         if b:
             bws.append(b)
@@ -245,15 +245,20 @@ def bench_group(p, p_peer, layers, peers, xs, threads, rounds, min_seconds, bw_f
         # than the next one on identical code (tuned/default 0.70-0.86 on prefill rows)
         for name in round_order(names, r):
             if name in layers:
-                per[name].append(time_colibri(layers[name], xs, threads, min_seconds))
+                per.setdefault(name, []).append(time_colibri(layers[name], xs, threads, min_seconds))
             else:
                 with pinned_threads(threads):
-                    per[name].append(time_python(peers[name], xs, min_seconds))
+                    per.setdefault(name, []).append(time_python(peers[name], xs, min_seconds))
+
+
+def group_rows(p, p_peer, per, bws, threads, copies) -> list[dict]:
+    """One row per implementation of a (problem, threads) group from its rounds."""
     bw = _median(bws) if bws else None
     rows = []
     for name, ts in per.items():
         t = _median(ts)
-        nbytes = _bytes_per_token(p_peer if name in peers else p)
+        peer_row = name not in copies
+        nbytes = _bytes_per_token(p_peer if peer_row else p)
 
         def ratio(peer):
             if peer not in per or peer == name:
@@ -261,20 +266,20 @@ def bench_group(p, p_peer, layers, peers, xs, threads, rounds, min_seconds, bw_f
             return _median([a / b for a, b in zip(per[peer], ts)])
         gbps = nbytes / t / 1e9 if nbytes else None
         rows.append({
-            "case": p.name, "threads": threads, "impl": name, "rounds": rounds,
-            "weights": p_peer.dtype if name in peers else p.dtype,
+            "case": p.name, "threads": threads, "impl": name, "rounds": len(ts),
+            "weights": p_peer.dtype if peer_row else p.dtype,
             "seconds": t, "ms_per_token": t / p.T * 1e3, "round_seconds": ts,
             "gbps": gbps, "read_bw_gbps": bw,
             "bound_ms_per_token": nbytes / bw / 1e6 if nbytes and bw else None,
             "pct_of_bound": 100 * gbps / bw if gbps and bw else None,
             "gflops": p.flops / t / 1e9,
-            "layer_copies": None if name in peers else len(layers[name]),
+            "layer_copies": None if peer_row else copies[name],
             "vs_numpy": ratio("numpy"), "vs_torch": ratio("torch"),
             "tuned_vs_default": ratio("colibri-default") if name == "colibri-tuned" else None})
     return rows
 
 
-def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=3, seed=0,
+def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=0,
               build_dir=None, peers=("numpy", "torch"), say=print) -> dict:
     build_dir = Path(build_dir or build_dir_default())
     profile = hostmatch.host_profile_name()
@@ -312,18 +317,34 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=3, seed=
                 router = enc.pop("router")[0]
                 # the f32 weights the peers run are >= 4x the LLC for every reference shape
                 copies = resident_copies(p.layer_bytes, llc)
-                layers = {name: [MoELayer.from_encoded(router, dict(enc), weight_dtype=dtype,
-                                                       shared_expert_gate=sh, lib=str(path),
-                                                       top_k=p.k, scoring=p.scoring,
-                                                       norm_topk_prob=p.norm)
-                                 for _ in range(copies)]
-                          for name, path in libs.items()}
+                per = {th: {} for th in threads_list}
+                bws = {th: [] for th in threads_list}
+                # where a library's layers sit in memory moves its speed by several percent
+                # (the set allocated second ran 1.06-1.09x faster on identical code): the
+                # layers are built in library order for the first half of the rounds, then
+                # freed and built in reverse order for the rest
+                halves = [(list(libs), (rounds + 1) // 2), (list(reversed(libs)), rounds // 2)]
+                done = 0
+                for order, nr in halves:
+                    if nr == 0:
+                        continue
+                    built = {name: [MoELayer.from_encoded(router, dict(enc), weight_dtype=dtype,
+                                                          shared_expert_gate=sh, lib=str(libs[name]),
+                                                          top_k=p.k, scoring=p.scoring,
+                                                          norm_topk_prob=p.norm)
+                                    for _ in range(copies)]
+                             for name in order}
+                    layers = {name: built[name] for name in libs}
+                    for threads in threads_list:
+                        time_rounds(layers, peer_fns, xs, threads, nr, min_seconds, bw_fn,
+                                    per[threads], bws[threads], first=done)
+                    done += nr
+                    del built, layers  # free these arenas before the next are built
                 for threads in threads_list:
-                    for r in bench_group(p, p32, layers, peer_fns, xs, threads, rounds,
-                                         min_seconds, bw_fn):
+                    for r in group_rows(p, p32, per[threads], bws[threads], threads,
+                                        {name: copies for name in libs}):
                         rows.append(r)
                         say(_fmt(r))
-                del layers  # free this dtype's arena before the next one is built
         p = problems_mod.problem(f"{shape}/prefill{ROUTE_T}/f32")
         t_route = time_route(lib, p, ROUTE_T, min_seconds)
         layer_rows = [r for r in rows if r["case"] == p.name and r["impl"] == "colibri-default"]
@@ -377,7 +398,7 @@ def main(argv=None) -> int:
                     help=f"decode, prefillN (repeatable; default {', '.join(PHASES)})")
     ap.add_argument("--threads", action="append", type=int,
                     help="threads (repeatable; default 1 and all CPUs)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per group (default 3)")
+    ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds per group (default 4: two per placement of the layers)")
     ap.add_argument("--min-seconds", type=float, default=0.3,
                     help="timing per implementation per round (default 0.3)")
     ap.add_argument("--no-numpy", action="store_true", help="skip the NumPy peer")

@@ -98,7 +98,8 @@ class RunConfig:
     threads: int | None = None
     min_seconds: float = 0.5             # timing per (variant, problem)
     warmup: int = 3                      # untimed calls before it
-    retime_rounds: int = 5               # finalists re-timed interleaved with the default
+    retime_rounds: int = 6               # finalists re-timed interleaved with the default (even:
+                                         # half the rounds per placement of the layers)
     finalists: int = 3
     seed: int = 0
     build_dir: Path = field(default_factory=build_dir_default)
@@ -119,7 +120,7 @@ class RunConfig:
     gate: bool = True                    # check the candidate against the default before emit
     gate_shapes: tuple[str, ...] | None = None   # None: the tuned shape(s) and one other
     gate_threads: tuple[int, ...] | None = None  # None: 1 and all threads
-    gate_rounds: int = 5                 # interleaved rounds per gate cell
+    gate_rounds: int = 6                 # interleaved rounds per gate cell (even, as above)
     gate_min_seconds: float = 0.2        # timing per library per round
 
 

@@ -216,66 +216,87 @@ def _timing_buffers(p, job: dict):
             ffi.new("int *"))
 
 
-_LAYERS: dict = {}  # a compare job's layers of one shape and dtype, kept across its phases
+def _build_sets(libs: list, order: list[int], p, job: dict, verify: bool):
+    """Each library's copies of the layer, allocated in `order`; (sets by library index, the
+    fields of a failed verification or None)."""
+    from colibri._lib import ffi
+    from colibri.layer import MoELayer
+
+    from .bandwidth import _llc_total_here, resident_copies
+
+    enc, sh, router, route = _layer_inputs(p, job)
+    ncopies = resident_copies(p.layer_bytes, _llc_total_here())
+    sets = [None] * len(libs)
+    for i in order:
+        lib, path = libs[i]
+        copies = [MoELayer.from_encoded(router, enc, weight_dtype=p.dtype, shared_expert_gate=sh,
+                                        lib=path, **route) for _ in range(ncopies)]
+        if verify and (job.get("verify") or [False] * len(libs))[i]:
+            bad = _verify(lib, path, copies[0], router, p, job)
+            if isinstance(bad, dict):
+                return sets, dict(bad, lib=i)
+        sets[i] = (lib, copies, ffi.new("colibri_layer *[]", [c._ptr for c in copies]))
+    return sets, None
 
 
-def _compare_problem(libs: list, pd: dict, job: dict) -> None:
-    """Several libraries on one problem, interleaved: per thread count, `rounds` rounds, each
-    timing every library for min_seconds (round r starts with library r mod n, so none is
-    always first), inside C. Libraries marked in job["verify"] are checked against the
-    reference first; a failed check fails the whole problem. Emits one line per thread count:
+def _compare_group(libs: list, pds: list[dict], job: dict) -> None:
+    """Several libraries on the phases of one shape and dtype, interleaved: per problem and
+    thread count, `rounds` rounds, each timing every library for min_seconds inside C (round
+    r starts with library r mod n, so none is always first).
+
+    Where a library's layers sit in memory moves its speed by several percent (two sets of
+    the same library's layers, allocated one after the other, timed 1.06-1.09x apart in every
+    round on qwen3 prefill128/f32), so the layers are built twice: in library order for the
+    first half of the rounds, then freed and built in reverse order for the rest. Libraries
+    marked in job["verify"] are checked against the reference on the first build; a failed
+    check fails every phase. Emits one line per problem and thread count:
     seconds[i][r] = library i's median seconds per call in round r."""
     import numpy as np
 
     from colibri._lib import ffi, last_error
-    from colibri.layer import MoELayer
 
-    from .bandwidth import _llc_total_here, resident_copies
     from .bench import round_order
     from .problems import problem
 
-    p = problem(pd["name"])
-    key = (p.shape, p.dtype)  # the layers serve every phase of a shape and dtype: built once
-    if _LAYERS.get("key") != key:
-        _LAYERS.clear()  # free the previous shape's or dtype's layers first
-        _LAYERS.update(key=key, sets=None, bad=None)
-        enc, sh, router, route = _layer_inputs(p, job)
-        ncopies = resident_copies(p.layer_bytes, _llc_total_here())
-        sets = []
-        for i, (lib, path) in enumerate(libs):
-            copies = [MoELayer.from_encoded(router, enc, weight_dtype=p.dtype, shared_expert_gate=sh,
-                                            lib=path, **route) for _ in range(ncopies)]
-            if (job.get("verify") or [False] * len(libs))[i]:
-                bad = _verify(lib, path, copies[0], router, p, job)
-                if isinstance(bad, dict):
-                    _LAYERS["bad"] = dict(bad, lib=i)
-                    break
-            sets.append((lib, copies, ffi.new("colibri_layer *[]", [c._ptr for c in copies])))
-        _LAYERS["sets"] = sets
-    if _LAYERS["bad"]:  # a library that failed verification fails every phase of its dtype
-        for th in job["threads"]:
-            _emit(problem=p.name, threads=th, **_LAYERS["bad"])
-        return
-    sets = _LAYERS["sets"]
-    xs, out, samples, n = _timing_buffers(p, job)
-    n_inputs, most = len(xs), len(samples)
-    for th in job["threads"]:
-        per = [[] for _ in libs]
-        for r in range(job.get("rounds", 3)):
-            for i in round_order(list(range(len(libs))), r):
-                lib, copies, ptrs = sets[i]
-                st = lib.colibri_bench_layers(ptrs, len(copies), ffi.from_buffer("float[]", xs), n_inputs,
-                                              p.T, ffi.from_buffer("float[]", out), th,
-                                              # warm once per library and thread count
-                                              job.get("warmup", 1) if r < len(libs) else 0,
-                                              job.get("min_seconds", 0.2), most,
-                                              ffi.from_buffer("double[]", samples), n)
-                if st:
-                    _emit(problem=p.name, threads=th, lib=i, status=STATUS_ERROR,
-                          reason=f"bench failed: {last_error(lib)}")
-                    return
-                per[i].append(float(np.median(samples[:n[0]])))
-        _emit(problem=p.name, threads=th, status=STATUS_OK, seconds=per)
+    probs = [problem(pd["name"]) for pd in pds]
+    rounds = job.get("rounds", 3)
+    per = {(p.name, th): [[] for _ in libs] for p in probs for th in job["threads"]}
+    halves = [(list(range(len(libs))), (rounds + 1) // 2),
+              (list(reversed(range(len(libs)))), rounds // 2)]
+    done_rounds = 0
+    for placement, (order, nr) in enumerate(halves):
+        if nr == 0:
+            continue
+        sets, bad = _build_sets(libs, order, probs[0], job, verify=placement == 0)
+        if bad:
+            for p in probs:
+                for th in job["threads"]:
+                    _emit(problem=p.name, threads=th, **bad)
+            return
+        for p in probs:
+            xs, out, samples, n = _timing_buffers(p, job)
+            for th in job["threads"]:
+                for r in range(done_rounds, done_rounds + nr):
+                    for i in round_order(list(range(len(libs))), r):
+                        lib, copies, ptrs = sets[i]
+                        st = lib.colibri_bench_layers(
+                            ptrs, len(copies), ffi.from_buffer("float[]", xs), len(xs), p.T,
+                            ffi.from_buffer("float[]", out), th,
+                            # warm once per library, placement and thread count
+                            job.get("warmup", 1) if r - done_rounds < len(libs) else 0,
+                            job.get("min_seconds", 0.2), len(samples),
+                            ffi.from_buffer("double[]", samples), n)
+                        if st:
+                            _emit(problem=p.name, threads=th, lib=i, status=STATUS_ERROR,
+                                  reason=f"bench failed: {last_error(lib)}")
+                            per.pop((p.name, th), None)
+                            break
+                        if (p.name, th) in per:
+                            per[(p.name, th)][i].append(float(np.median(samples[:n[0]])))
+        done_rounds += nr
+        del sets  # free this placement's layers before the next is built
+    for (name, th), secs in per.items():
+        _emit(problem=name, threads=th, status=STATUS_OK, seconds=secs)
 
 
 def compare(job: dict, timeout_s: float, mem_bytes: int | None = None) -> list[dict]:
@@ -409,12 +430,15 @@ def main() -> int:
 
     if job.get("mode") == "compare":
         libs = [(open_library(path), path) for path in job["libs"]]
-        # phases of one shape and dtype in a row: their layers are built once
-        order = sorted(job["problems"], key=lambda pd: tuple(pd["name"].split("/")[::2]))
-        for pd in order:
+        # the phases of one shape and dtype share their layers
+        groups: dict = {}
+        for pd in job["problems"]:
+            shape, _, dtype = pd["name"].split("/")
+            groups.setdefault((shape, dtype), []).append(pd)
+        for key, pds in groups.items():
             t0 = time.perf_counter()
-            _compare_problem(libs, pd, job)
-            print(f"{pd['name']}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            _compare_group(libs, pds, job)
+            print(f"{'/'.join(key)}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         return 0
     lib = open_library(job["lib"])
     if job.get("inject"):  # fault injection for the tuner's own tests
