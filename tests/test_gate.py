@@ -34,7 +34,7 @@ def _cell(problem, threads, ratios):
 def _fake_measure(slow_cells, calls):
     """Every cell of the matrix at 1.0x +- 0.5%, except slow_cells {(problem, threads): ratios}
     while the candidate still has the knobs that made them slow (checked by `still`)."""
-    def measure(t, cand, probs, threads):
+    def measure(t, cand, probs, threads, rounds=None):
         calls.append(dict(cand))
         out = []
         for p in probs:
@@ -97,7 +97,7 @@ def test_a_candidate_that_fails_a_cell_is_not_shipped(tmp_path, monkeypatch, no_
     t = _tuner(tmp_path)
     cand = dict(DEFAULT, rows=1, prefetch_int4=4096)
 
-    def measure(t_, c, probs, threads):
+    def measure(t_, c, probs, threads, rounds=None):
         bad = c != DEFAULT
         return [{"problem": p.name, "threads": th, "status": "wrong", "reason": "max relative error"}
                 if bad and p.dtype == "int4" else _cell(p.name, th, [1.0] * 5)
@@ -122,3 +122,23 @@ def test_validation_matrix_covers_every_dtype_phase_and_an_untuned_shape():
     assert {n.split("/")[1] for n in names} == {"decode", "prefill128", "prefill512"}
     assert {n.split("/")[2] for n in names} == {"f32", "bf16", "int8", "int4"}
     assert gate.validation_shapes(["olmoe-1b-7b"])[1] == "qwen3-30b-a3b"
+
+
+def test_a_cell_slower_only_by_a_noisy_median_is_measured_again_before_deciding(tmp_path, monkeypatch, no_weights):
+    t = _tuner(tmp_path)
+    cand = dict(DEFAULT, rows=1)
+    asked = []
+
+    def measure(t_, c, probs, threads, rounds=None):
+        asked.append((len(probs), rounds))
+        noisy = [0.7, 1.3, 0.96, 0.97, 1.0, 0.95]     # one disturbed round: median < 0.98
+        return [_cell(p.name, th, noisy if (p.name, th) == ("tiny/decode/f32", 2) and rounds is None
+                      else [1.0, 1.004, 0.997, 1.001, 1.0, 0.999])
+                for p in probs for th in threads]
+    monkeypatch.setattr(gate, "_measure", measure)
+    rec = gate.run_gate(t, cand, [])
+    assert rec["reverted"] == {} and rec["knobs"]["rows"] == 1
+    assert asked[1] == (1, 2 * t.cfg.gate_rounds)                 # only that cell, twice the rounds
+    again = next(c for c in rec["cells"] if c.get("first"))
+    assert (again["problem"], again["threads"]) == ("tiny/decode/f32", 2) and again["first"]["slower"]
+    assert not again["slower"]

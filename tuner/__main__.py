@@ -27,7 +27,7 @@ def run_config(args: argparse.Namespace, command: str = "run"):
                     report=not getattr(args, "no_report", False),
                     report_dir=Path(args.report_dir) if getattr(args, "report_dir", None) else None)
     if args.quick:  # the same domains, fewer values, timed for less
-        cfg.min_seconds, cfg.warmup = min(cfg.min_seconds, 0.1), 1
+        cfg.min_seconds, cfg.warmup = min(cfg.min_seconds, 0.05), 1
         cfg.finalists, cfg.retime_rounds = 2, 4
         cfg.gate_rounds, cfg.gate_min_seconds = 4, 0.05
     if getattr(args, "no_gate", False):

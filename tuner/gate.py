@@ -87,7 +87,7 @@ def run_gate(t, knobs: dict, classes: list[dict]) -> dict:
             return json.loads(cached.read_text())
         t.say(f"gate: candidate (classes {', '.join(changed)} tuned) against the default build on "
               f"{len(probs)} problems x threads {threads}, {cfg.gate_rounds} interleaved rounds")
-        cells = _measure(t, cand, probs, threads)
+        cells = _recheck_noisy(t, cand, _measure(t, cand, probs, threads))
         failed = [c for c in cells if c["status"] != "ok"]
         slower = [c for c in cells if c["status"] == "ok" and c["slower"]]
         for c in cells:
@@ -155,7 +155,28 @@ def _changed(t, cand: dict) -> dict[str, list[str]]:
     return out
 
 
-def _measure(t, cand: dict, probs, threads) -> list[dict]:
+def _recheck_noisy(t, cand: dict, cells: list[dict]) -> list[dict]:
+    """Cells slower by their median alone, with an interval reaching above 1, are too noisy
+    to decide on (one disturbed round moves the median of a few): measure them again with
+    twice the rounds and decide on that; the first measurement stays in the cell."""
+    noisy = [c for c in cells if c["status"] == "ok" and c["slower"] and c["hi"] >= 1.0]
+    if not noisy:
+        return cells
+    t.say(f"gate: {len(noisy)} cell(s) slower only by a noisy median: measuring them again "
+          f"with {2 * t.cfg.gate_rounds} rounds")
+    again = {}
+    for th in sorted({c["threads"] for c in noisy}):
+        probs = [problems_mod.problem(c["problem"]) for c in noisy if c["threads"] == th]
+        for c in _measure(t, cand, probs, [th], rounds=2 * t.cfg.gate_rounds):
+            again[(c["problem"], c["threads"])] = c
+    out = []
+    for c in cells:
+        new = again.get((c["problem"], c["threads"]))
+        out.append(dict(new, first=c) if new else c)
+    return out
+
+
+def _measure(t, cand: dict, probs, threads, rounds: int | None = None) -> list[dict]:
     from .run import worker_memory_cap
 
     built = variants.build_batch(t.profile_name, [t.default, cand], t.work / "variants")
@@ -165,7 +186,7 @@ def _measure(t, cand: dict, probs, threads) -> list[dict]:
         return [{"problem": p.name, "threads": th, "status": "compile_error", "reason": why}
                 for p in probs for th in threads]
     job = {"libs": [str(b.lib) for b in built], "problems": [{"name": p.name} for p in probs],
-           "threads": threads, "rounds": t.cfg.gate_rounds, "min_seconds": t.cfg.gate_min_seconds,
+           "threads": threads, "rounds": rounds or t.cfg.gate_rounds, "min_seconds": t.cfg.gate_min_seconds,
            "warmup": 1, "verify": [False, True], "weights_dir": str(t.work / "weights"),
            "seed": t.cfg.seed}
     res = worker.compare(job, t.cfg.worker_timeout_s * len(probs), 2 * worker_memory_cap(probs))

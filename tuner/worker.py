@@ -282,8 +282,8 @@ def _compare_group(libs: list, pds: list[dict], job: dict) -> None:
                         st = lib.colibri_bench_layers(
                             ptrs, len(copies), ffi.from_buffer("float[]", xs), len(xs), p.T,
                             ffi.from_buffer("float[]", out), th,
-                            # warm once per library, placement and thread count
-                            job.get("warmup", 1) if r - done_rounds < len(libs) else 0,
+                            # warm once per library, placement and problem
+                            job.get("warmup", 1) if r == done_rounds and th == job["threads"][0] else 0,
                             job.get("min_seconds", 0.2), len(samples),
                             ffi.from_buffer("double[]", samples), n)
                         if st:
