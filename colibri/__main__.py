@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import quant
+from . import _cli, quant
 
 TOOL = "colibri_dump_schema"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_TOOL = 0, 1, 2, 3
@@ -84,7 +84,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from . import convert
 
-    parser = argparse.ArgumentParser(
+    parser = _cli.Parser(
         prog="python -m colibri",
         description="Colibri MoE inference engine: command-line tools. "
                     "`python -m colibri COMMAND --help` documents each.",
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "reference and print per-call timings (needs about 5 GB of memory).",
         epilog=f"Exit status: {EXIT_OK} all checks passed; {EXIT_FAILED} a check failed; "
                f"{EXIT_USAGE} usage error.")
-    p.add_argument("--threads", type=int, default=None, help="threads (default: one per CPU)")
+    p.add_argument("--threads", type=_cli.positive_int, default=None, help="threads (default: one per CPU)")
     p.add_argument("--dtype", action="append", choices=list(quant.DTYPES),
                    help="weight dtype to run (repeatable; default: f32, bf16 and int8)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -127,8 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    return _cli.run(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 
-# COLIBRI_MAX_THREADS in kernels/colibri.h (tests/test_api_errors.py checks they agree).
+# COLIBRI_MAX_THREADS in kernels/colibri.h (tests/engine/test_api_errors.py checks they agree).
 MAX_THREADS = 1024
 
 

@@ -9,7 +9,6 @@ import ctypes
 import json
 import os
 import re
-import subprocess
 import sys
 import threading
 import warnings
@@ -17,8 +16,8 @@ from pathlib import Path
 
 import cffi
 
-ROOT = Path(__file__).resolve().parent.parent
-HEADER = ROOT / "kernels" / "colibri.h"
+from colibri_build import hostid, scons
+from colibri_build.paths import HEADER, build_dir_default, newest_source_mtime
 
 _lock = threading.Lock()
 _opened: dict[str, object] = {}
@@ -44,10 +43,6 @@ ffi = cffi.FFI()
 ffi.cdef(_cdef_source())
 
 
-def build_dir_default() -> Path:
-    return Path(os.environ.get("COLIBRI_BUILD_DIR", ROOT / "build"))
-
-
 def default_library_path() -> Path:
     """The library this host should use, building the default one if missing.
 
@@ -58,16 +53,14 @@ def default_library_path() -> Path:
     env = os.environ.get("COLIBRI_LIB")
     if env:
         return Path(env)
-    from tuner import hostmatch  # light import: no numpy, no building
-
-    tuned = hostmatch.tuned_library_path(build_dir_default())
+    tuned = hostid.tuned_library_path(build_dir_default())
     if tuned is not None and tuned.exists():
         if is_current(tuned):
             return tuned
         warnings.warn(f"colibri: the tuned library {tuned} is older than the engine's sources; "
                       "using the default build (re-run `python -m tuner run` to tune again)",
                       stacklevel=2)
-    return current_default_build(hostmatch.host_profile_name())
+    return current_default_build(hostid.host_profile_name())
 
 
 def is_current(lib: Path) -> bool:
@@ -85,14 +78,6 @@ def current_default_build(profile: str, build_dir: str | os.PathLike | None = No
     return path
 
 
-def newest_source_mtime() -> float:
-    """When the engine's code last changed (C sources, kernel templates, SConstruct): a
-    library older than that may have been built from other code."""
-    files = [ROOT / "SConstruct", *(ROOT / "kernels").glob("*.[ch]"),
-             *(ROOT / "templates").glob("*.c.j2"), *(ROOT / "templates").glob("*.yaml")]
-    return max((f.stat().st_mtime for f in files if f.is_file()), default=0.0)
-
-
 def build_profile(profile: str, *, config: str | os.PathLike | None = None,
                   build_dir: str | os.PathLike | None = None, quiet: bool = False) -> Path:
     """Run `scons profile=NAME [config=..] [build_dir=..]` in the repository; returns the library."""
@@ -100,10 +85,10 @@ def build_profile(profile: str, *, config: str | os.PathLike | None = None,
     if not quiet:
         print(f"colibri: building the library for profile '{profile}' (scons profile={profile}"
               f"{f' config={config}' if config else ''})", file=sys.stderr)
-    cmd = [sys.executable, "-m", "SCons", "-Q", f"profile={profile}", f"build_dir={out}"]
+    args = [f"profile={profile}", f"build_dir={out}"]
     if config is not None:
-        cmd.append(f"config={config}")
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        args.append(f"config={config}")
+    res = scons.run(*args)
     if res.returncode != 0:
         raise LibraryNotFound(
             f"building profile '{profile}' failed (exit {res.returncode}):\n"
@@ -120,9 +105,9 @@ def open_library(path: str | os.PathLike | None = None):
         if lib is None:
             if not p.exists():
                 raise LibraryNotFound(f"no library at {p}")
-            from tuner import hostmatch
-
-            hostmatch.check_library_runs_here(p)
+            problem = hostid.library_mismatch(p)
+            if problem:
+                raise LibraryNotFound(problem)
             check_sanitizer_runtime(p)
             lib = ffi.dlopen(key)
             _opened[key] = lib

@@ -151,7 +151,7 @@ static void run_model(colibri_model *m) {
     free(x);
 }
 
-/* tests/test_fuzz.py checks that a crash is caught and its input kept: this env
+/* tests/engine/test_fuzz.py checks that a crash is caught and its input kept: this env
  * variable makes every input one. */
 static int selftest_crash;
 

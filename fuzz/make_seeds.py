@@ -7,7 +7,7 @@ land in the structure rather than in weights; between them the seeds cover every
 weight dtype, a gated and an ungated shared expert, fixed and dynamic routing,
 both scorings, several layers, tensors shared across layers and a larger alignment.
 Deterministic: the same bytes on every run (fixed seeds, no timestamps), so the
-committed corpus can be checked against this script (tests/test_fuzz.py).
+committed corpus can be checked against this script (tests/engine/test_fuzz.py).
 """
 from __future__ import annotations
 

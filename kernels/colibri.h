@@ -5,7 +5,7 @@
  * NULL) and a thread-local message readable with colibri_last_error(). No
  * function aborts or exits the process on bad input.
  *
- * Bad input (tests/test_capi.py and tests/test_api_errors.py check each case):
+ * Bad input (tests/engine/test_capi.py and tests/engine/test_api_errors.py check each case):
  *  - A NULL pointer argument is COLIBRI_ERR_INVALID (NULL from constructors) with a
  *    message naming it. Getters given NULL return their sentinel (0 or -1) and set the
  *    message. The free functions accept NULL (no-op). Exceptions, by design: `counts`

@@ -17,7 +17,7 @@ def run_ci(argv, report=None):
     """python -m tuner ci ARGV in this process: (exit status, stdout, stderr).
     `report` replaces tuner.report.write_report (None: the real one)."""
     from tuner import __main__ as cli
-    from tuner import ci
+    from tuner.fleet import ci
 
     out, err = io.StringIO(), io.StringIO()
     saved = ci.report_writer

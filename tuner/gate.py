@@ -18,9 +18,10 @@ import os
 import sys
 
 from colibri.quant import DTYPES
-
-from . import decide, problems as problems_mod, variants, weights, worker
-from .signature import variant_id
+from tuner import decide
+from tuner.build import variants
+from tuner.build.signature import variant_id
+from tuner.measure import problems as problems_mod, weights, worker
 
 PHASES = ("decode", "prefill128", "prefill512")
 # the shape a tuned shape is validated on besides itself: another real model whose
@@ -129,7 +130,7 @@ def run_gate(t, knobs: dict, classes: list[dict]) -> dict:
     if record["passes"]:
         import json
 
-        from .render import atomic_write
+        from colibri_build.render import atomic_write
         atomic_write(_cache_path(t, knobs, probs, threads), json.dumps(record, indent=1))
     return record
 
@@ -177,7 +178,6 @@ def _recheck_noisy(t, cand: dict, cells: list[dict]) -> list[dict]:
 
 
 def _measure(t, cand: dict, probs, threads, rounds: int | None = None) -> list[dict]:
-    from .run import worker_memory_cap
 
     built = variants.build_batch(t.profile_name, [t.default, cand], t.work / "variants")
     broken = [b for b in built if b.lib is None]
@@ -189,7 +189,7 @@ def _measure(t, cand: dict, probs, threads, rounds: int | None = None) -> list[d
            "threads": threads, "rounds": rounds or t.cfg.gate_rounds, "min_seconds": t.cfg.gate_min_seconds,
            "warmup": 1, "verify": [False, True], "weights_dir": str(t.work / "weights"),
            "seed": t.cfg.seed}
-    res = worker.compare(job, t.cfg.worker_timeout_s * len(probs), 2 * worker_memory_cap(probs))
+    res = worker.compare(job, t.cfg.worker_timeout_s * len(probs), 2 * worker.memory_cap(probs))
     cells = []
     for r in res:
         cell = {"problem": r["problem"], "threads": r["threads"], "status": r["status"]}

@@ -18,13 +18,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colibri._lib import ROOT, build_dir_default
-
-from . import problems as problems_mod
-from . import profiles, render, variants, weights, worker
-from .signature import signature, variant_id
-from .space import Space
-from .store import Measurement, Store, StoreLocked
+from colibri_build import hostid, profiles, render
+from colibri_build.paths import build_dir_default, reports_dir_default
+from tuner.build import variants
+from tuner.build.signature import BuildIdentity, variant_id
+from tuner.measure import problems as problems_mod, weights, worker
+from tuner.search.space import Space
+from tuner.store import Measurement, Store, StoreLocked
 
 KERNEL = "expert_ffn"
 
@@ -64,20 +64,6 @@ def predefined_macros(compiler: str, cflags) -> frozenset[str] | None:
                      if line.startswith("#define ") and len(line.split()) > 1)
 
 
-def worker_memory_cap(problems, llc_total: int | None = None) -> int:
-    """Address-space cap of a measuring worker, twice what it needs plus 2 GiB: it holds
-    the f32 weights it verifies against, the encoded weights, and the layer with the
-    copies it cycles through (bandwidth.resident_copies)."""
-    from dataclasses import replace
-
-    from .bandwidth import _llc_total_here, resident_copies
-
-    llc = llc_total if llc_total is not None else _llc_total_here()
-    need = max(replace(p, dtype="f32").layer_bytes
-               + (1 + resident_copies(p.layer_bytes, llc)) * p.layer_bytes for p in problems)
-    return max(4 << 30, 2 * need + (2 << 30))
-
-
 def _current(t, m: Measurement) -> bool:
     """m was measured with this run's compiler, flags, template and engine sources (a store
     keeps the failures of older code too; they say nothing about this run's variants)."""
@@ -112,7 +98,7 @@ class RunConfig:
     registry: Path | None = None         # a merged store: seed each class from its best rows
     registry_top: int = 3                # how many registry variants per class
     log: object = None                   # callable(str) for progress; default stderr
-    report: bool = True                  # write the report at the end (tuner/report.py)
+    report: bool = True                  # write the report at the end (tuner/report/__init__.py)
     report_dir: Path | None = None       # default reports/<host-id>/
     measure_bandwidth: bool = True       # probe the read bandwidth (for "% of bandwidth")
     wait: bool | float = False           # store locked by another run: False refuse, True
@@ -132,10 +118,9 @@ class Tuner:
         t_start = time.monotonic()
         self.say = cfg.log or (lambda m: print(f"[{time.monotonic() - t_start:5.0f} s] {m}",
                                                file=sys.stderr, flush=True))
-        from . import hostmatch
 
         self.host = host if host is not None else _probe_host(cfg, self.say)
-        self.profile_name = cfg.profile or hostmatch.host_profile_name()
+        self.profile_name = cfg.profile or hostid.host_profile_name()
         self.profile = profiles.get_profile(self.profile_name)
         self.resolved = profiles.resolve(self.profile)
         if not self.resolved.runnable_here:
@@ -163,12 +148,12 @@ class Tuner:
         return self.host["host_id"]
 
     def key(self, knobs: dict, prob) -> str:
-        return signature(host_fingerprint=self.host["fingerprint"],
-                         compiler=self.resolved.compiler.family,
-                         compiler_version=self.resolved.version,
-                         flags=list(self.resolved.cflags) + list(self.resolved.ldflags),
-                         template_source=self.template_text, knobs=knobs,
-                         problem=dict(prob.to_dict(), threads=self.cfg.threads or os.cpu_count()))
+        return self.identity.measurement(
+            knobs, dict(prob.to_dict(), threads=self.cfg.threads or os.cpu_count()))
+
+    @property
+    def identity(self) -> BuildIdentity:
+        return BuildIdentity.of(self.host["fingerprint"], self.resolved, self.template_text)
 
     @property
     def classes(self) -> dict[str, tuple[str, ...]]:
@@ -266,7 +251,7 @@ class Tuner:
         inject = self.cfg.inject or {}
         if vid in inject or "*" in inject:
             job["inject"] = inject.get(vid, inject.get("*"))
-        return worker.measure(job, self.cfg.worker_timeout_s, worker_memory_cap(self.problems))
+        return worker.measure(job, self.cfg.worker_timeout_s, worker.memory_cap(self.problems))
 
     def _put(self, knobs, prob, status, reason, samples=(), err=None) -> Measurement:
         med = spread = gbps = frac = None
@@ -336,7 +321,7 @@ def _fmt_row(r: Measurement, p) -> str:
 
 
 def _probe_host(cfg: RunConfig, say) -> dict:
-    from . import probe
+    from tuner.host import probe
 
     say("probing the host (caches, NUMA, huge pages, compilers"
         + (", memory bandwidth)" if cfg.measure_bandwidth else ")"))
@@ -351,7 +336,8 @@ def weights_ready(t: Tuner) -> None:
 
 def run(cfg: RunConfig, host: dict | None = None) -> dict:
     """The whole pipeline; returns the summary (also written as the manifest when emitting)."""
-    from . import emit, gate
+    from tuner import gate
+    from tuner.build import emit
 
     t0 = time.perf_counter()
     t = Tuner(cfg, host)
@@ -391,7 +377,9 @@ def run(cfg: RunConfig, host: dict | None = None) -> dict:
                 summary["winner"] = dict(summary["winner"], knobs=base, vid=variant_id(base),
                                          is_default=variant_id(base) == variant_id(t.default))
             summary["wall_s"] = time.perf_counter() - t0  # the gate included
-            summary["emitted"] = emit.emit(t, base, summary)
+            summary["emitted"] = emit.emit(
+                emit.Target(Path(t.cfg.build_dir), t.profile_name, t.host, t.identity, t.say),
+                base, summary)
             summary["isa_check"] = summary["emitted"]["isa_check"]
             check = summary["isa_check"]
             if check["ok"] is False:
@@ -408,10 +396,10 @@ def run(cfg: RunConfig, host: dict | None = None) -> dict:
 def _write_report(t: Tuner, summary: dict) -> dict:
     """The report after the run: its failure is recorded in the summary, never raised,
     so the measurements (already in the store) and the emitted files stay reported."""
-    from . import hostmatch, report
+    from tuner import report
 
-    out = Path(t.cfg.report_dir or Path(ROOT) / "reports" / t.host_id)
-    tuned = (summary.get("emitted") or {}).get("dir") or hostmatch.tuned_dir(t.cfg.build_dir)
+    out = Path(t.cfg.report_dir or reports_dir_default() / t.host_id)
+    tuned = (summary.get("emitted") or {}).get("dir") or hostid.tuned_dir(t.cfg.build_dir)
     try:
         res = report.write_report(t.store_path, tuned, out)
     except Exception as exc:  # e.g. an unwritable reports/ directory
@@ -435,7 +423,7 @@ def _tune_class(t: Tuner, cls: str, base: dict) -> dict:
     the class's default and keep a finalist only when decide.verdict adopts it."""
     import random
 
-    from . import search
+    from tuner import search
 
     cfg = t.cfg
     space = t.class_space(cls, base)
@@ -496,7 +484,7 @@ def _choose(t: Tuner, cls: str, retimed: list[dict]) -> dict | None:
 def _registry_seeds(t: Tuner, cls: str, base: dict, space) -> dict:
     """The registry's best variants of this class for this kind of host, as points of
     `space` (the class's knobs from the registry row, every other knob from `base`)."""
-    from . import registry
+    from tuner.store import registry
 
     tuned_elsewhere = set(t.spec.knobs) - set(t.classes[cls])
     found = registry.seed_variants(
@@ -598,7 +586,7 @@ def _retime_measure(t: Tuner, finals: list[dict], baseline: dict) -> list[dict]:
            "rounds": t.cfg.retime_rounds, "min_seconds": max(0.05, t.cfg.min_seconds / 2),
            "weights_dir": str(t.work / "weights"), "seed": t.cfg.seed}
     res = worker.compare(job, t.cfg.worker_timeout_s * (1 + len(finals)),
-                         worker_memory_cap(t.problems) * len(finals))
+                         worker.memory_cap(t.problems) * len(finals))
     bad = [r for r in res if r["status"] != "ok"]
     if bad:  # one lib failing fails its problem for all: say which and keep none of them
         t.say("  re-timing failed: " + "; ".join(f"{r['problem']}: {r['status']} {r.get('reason', '')[:200]}"
@@ -612,7 +600,7 @@ def retime_entries(finals: list[dict], per_lib, baseline: dict, names: list[str]
     """One entry per re-timed variant from its rounds (per_lib[i][problem][round] seconds):
     its cost, per-problem medians, and for a non-default variant decide.verdict against
     the default."""
-    from . import decide
+    from tuner import decide
 
     d = next((i for i, k in enumerate(finals) if variant_id(k) == variant_id(baseline)), None)
     out = []
@@ -716,7 +704,7 @@ def print_summary(summary: dict, out=None) -> None:
               f"{iv:>15} {g:>7} {f:>8}", file=out)
     gate = summary.get("gate")
     if gate:
-        from .gate import print_gate
+        from tuner.gate import print_gate
         print_gate(gate, out)
     if bw:
         print(f"(% of bw: decode weight bytes per second over the measured read bandwidth, "
@@ -733,13 +721,3 @@ def print_summary(summary: dict, out=None) -> None:
     if rep and rep.get("html"):
         print(f"report: {rep['html']}" + (f" ({len(rep['errors'])} plot(s) failed)"
                                           if rep["errors"] else ""), file=out)
-
-
-def signature_of_config(knobs: dict, t: Tuner) -> str:
-    """The config.h signature: the same parts as a measurement's, without the problem."""
-    h = hashlib.sha256()
-    h.update(signature(host_fingerprint=t.host["fingerprint"], compiler=t.resolved.compiler.family,
-                       compiler_version=t.resolved.version,
-                       flags=list(t.resolved.cflags) + list(t.resolved.ldflags),
-                       template_source=t.template_text, knobs=knobs, problem={}).encode())
-    return h.hexdigest()

@@ -2,7 +2,7 @@
  *
  * Checks the status (or NULL / sentinel) and a word of colibri_last_error() for each
  * case, and the documented results for zero tokens, NaN/Inf and borrowed layers.
- * Run by tests/test_capi.py against whichever library it links (the default build,
+ * Run by tests/engine/test_capi.py against whichever library it links (the default build,
  * $COLIBRI_LIB, the asan build): usage  test_capi MODEL_FILE DIRECTORY
  * Prints one line per failed check and "test_capi: N checks, M failed"; exit 1 on any failure.
  */

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 
-from . import EXHAUSTED, FINISHED, Budget, Result, make_rng, run_strategy
+from tuner.search.base import EXHAUSTED, FINISHED, Budget, Result, make_rng, run_strategy
 
 NAME = "annealing"
 RESTARTS = ("alternate", "best", "random")

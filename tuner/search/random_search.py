@@ -12,7 +12,7 @@ Options: none.
 """
 from __future__ import annotations
 
-from . import EXHAUSTED, Budget, Result, make_rng, run_strategy
+from tuner.search.base import EXHAUSTED, Budget, Result, make_rng, run_strategy
 
 NAME = "random"
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import warnings
 
-from . import BudgetExhausted, Budget, FINISHED, Result, make_rng, run_strategy
+from tuner.search.base import BudgetExhausted, Budget, FINISHED, Result, make_rng, run_strategy
 
 NAME = "tpe"
 ORDINAL_MODES = ("categorical", "index")

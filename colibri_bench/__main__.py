@@ -1,0 +1,36 @@
+"""python -m colibri_bench: bench (the MoE layer beside its peers) and soak (memory over a
+long run). `python -m colibri_bench COMMAND --help` documents each; exit status as in
+`python -m tuner` (0 ok, 1 failed, 2 usage)."""
+from __future__ import annotations
+
+import sys
+
+from colibri import _cli
+
+COMMANDS = {"bench": "the MoE layer side by side with NumPy and PyTorch, tuned and default "
+                     "library, with the read bandwidth",
+            "soak": "run a layer over N tokens, creating and freeing layers, and report "
+                    "resident memory over time"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from colibri_bench import bench
+
+        return bench.main(argv[1:])
+    if argv[:1] == ["soak"]:
+        from colibri_bench import soak
+
+        return soak.main(argv[1:])
+    # each command has its own parser; this one lists them and refuses anything else
+    parser = _cli.Parser(prog="python -m colibri_bench", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, text in COMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False)
+    parser.parse_args(argv)
+    return _cli.EXIT_USAGE  # not reached: a known command returned above
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,446 @@
+"""python -m colibri_bench bench: the MoE layer side by side — Colibri (tuned and default
+library) in each weight dtype, NumPy per-expert matmuls as a user would write them,
+PyTorch eager when installed — with the host's read bandwidth measured in the same
+rounds, so every figure is a ratio within one run.
+
+Interleaving: each group (shape, phase, dtype, threads) is timed in `rounds` rounds;
+a round measures the read bandwidth, then every implementation for `min_seconds`. The
+layers are built twice, in opposite orders, each serving half of the rounds: where a
+layer sits in memory moves its speed by several percent.
+A figure is the median over rounds of each round's median, and a ratio the median
+over rounds of the per-round ratios, so a minute-to-minute swing of this machine's
+bandwidth moves both sides of a ratio together.
+
+Decode (T=1) takes a fresh token per call (the router picks other experts; all
+experts' weights are resident). Where one layer's weights are less than 4x the
+last-level cache (int4, int8, bf16 on the smaller shapes), Colibri cycles through
+that many copies of the layer, as a model's layers follow each other, so its weights
+come from memory as they would in a model (`layer_copies` in the JSON). Colibri is timed
+inside C; NumPy and PyTorch by wall clock around each call, with their thread pools
+pinned to the same thread count. GB/s counts the weight bytes a decode token streams
+(k experts with their scales, the shared expert, the router); the bound is those
+bytes over the read bandwidth measured at the same thread count. Prefill is
+compute work: its figure is GFLOP/s. NumPy and PyTorch always run on the f32 weights
+(neither has a bf16/int8/int4 matmul a user would reach for), so "vs numpy" on a
+bf16 row is what switching from NumPy f32 to Colibri bf16 buys.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from colibri import _cli, quant
+from colibri._lib import ffi, open_library
+from colibri.layer import MoELayer, _route_config
+from colibri_build import hostid
+from colibri_build.paths import build_dir_default, reports_dir_default
+from tuner.measure import problems as problems_mod, weights
+from tuner.measure.worker import round_order
+
+BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+REFERENCE_SHAPES = ("qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b", "qwen1.5-moe-a2.7b")
+PHASES = ("decode", "prefill128", "prefill512")
+ROUTE_T = 512
+
+
+def _median(xs):
+    return float(np.median(np.asarray(xs, dtype=float)))
+
+
+def read_bandwidth(lib, threads: int, nbytes: int, min_seconds: float = 0.2) -> float | None:
+    out = ffi.new("double *")
+    st = lib.colibri_membw(0, nbytes, threads, min_seconds, out)
+    return float(out[0]) if st == 0 else None
+
+
+def _inputs(p, n, seed):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, p.T, p.H), dtype=np.float32)
+
+
+def time_colibri(layers, xs, threads, min_seconds) -> float:
+    """Median seconds per call, timed inside C (colibri_bench_layers), call i on layer
+    i mod len(layers): copies of one layer standing for a model's consecutive layers."""
+    lib = layers[0]._lib
+    T = xs.shape[1]
+    out = np.empty((T, layers[0].hidden), np.float32)
+    samples = np.empty(100_000)
+    n = ffi.new("int *")
+    ptrs = ffi.new("colibri_layer *[]", [layer._ptr for layer in layers])
+    st = lib.colibri_bench_layers(ptrs, len(layers), ffi.from_buffer("float[]", xs), len(xs), T,
+                                  ffi.from_buffer("float[]", out), threads, len(layers),
+                                  min_seconds, len(samples), ffi.from_buffer("double[]", samples), n)
+    if st:
+        raise RuntimeError("colibri_bench_layers: " + ffi.string(lib.colibri_last_error()).decode())
+    return _median(samples[:n[0]])
+
+
+def time_route(lib, p, T, min_seconds, seed=0) -> float:
+    """Median seconds of the routing step alone (softmax + top-k + weights) at T tokens."""
+    logits = np.random.default_rng(seed).standard_normal((T, p.E), dtype=np.float32) * 3
+    cfg = _route_config(p.E, p.k, p.scoring, p.norm, 0.0, 1, None)
+    slots = lib.colibri_route_slots(cfg)
+    idx = np.empty((T, slots), np.int32)
+    w = np.empty((T, slots), np.float32)
+    samples = np.empty(100_000)
+    n = ffi.new("int *")
+    st = lib.colibri_bench_route(ffi.from_buffer("float[]", logits), T, p.E, cfg,
+                                 ffi.from_buffer("int32_t[]", idx), ffi.from_buffer("float[]", w),
+                                 3, min_seconds, len(samples), ffi.from_buffer("double[]", samples), n)
+    if st:
+        raise RuntimeError("colibri_bench_route: " + ffi.string(lib.colibri_last_error()).decode())
+    return _median(samples[:n[0]])
+
+
+def _silu(g):
+    return g / (1 + np.exp(-g))
+
+
+def numpy_layer(x, w, p):
+    """The layer as a NumPy user writes it: float32, route, then per expert one matmul
+    over the tokens routed to it."""
+    logits = x @ w["router"].T
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    top = np.argpartition(-probs, p.k - 1, axis=1)[:, :p.k]
+    wts = np.take_along_axis(probs, top, axis=1)
+    if p.norm:
+        wts /= wts.sum(axis=1, keepdims=True)
+    y = np.zeros_like(x)
+    for e in np.unique(top):
+        rows, slot = np.nonzero(top == e)
+        xe = x[rows]
+        h = _silu(xe @ w["gate"][e].T) * (xe @ w["up"][e].T)
+        y[rows] += wts[rows, slot][:, None] * (h @ w["down"][e].T)
+    if p.S:
+        s = (_silu(x @ w["shared_gate"].T) * (x @ w["shared_up"].T)) @ w["shared_down"].T
+        if "shared_expert_gate" in w:
+            s *= (1 / (1 + np.exp(-(x @ w["shared_expert_gate"]))))[:, None]
+        y += s
+    return y
+
+
+def time_python(fn, xs, min_seconds) -> float:
+    fn(xs[0])  # warm-up
+    ts, t_end, i = [], time.perf_counter() + min_seconds, 1
+    while time.perf_counter() < t_end or len(ts) < 2:
+        x = xs[i % len(xs)]
+        t0 = time.perf_counter()
+        fn(x)
+        ts.append(time.perf_counter() - t0)
+        i += 1
+    return _median(ts)
+
+
+def _torch():
+    try:
+        import torch
+        return torch
+    except ImportError:
+        return None
+
+
+def torch_layer_fn(w, p):
+    """The same per-expert layer in PyTorch eager (f32), or None without torch."""
+    torch = _torch()
+    if torch is None:
+        return None
+    # the weights are a read-only mapping; torch warns that it could write through it,
+    # which this inference-only function never does
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        tw = {k: torch.from_numpy(np.asarray(v)) for k, v in w.items()}
+    silu = torch.nn.functional.silu
+
+    def fn(x):
+        with torch.no_grad():
+            xt = torch.from_numpy(x)
+            probs = torch.softmax(xt @ tw["router"].T, dim=-1)
+            wts, idx = torch.topk(probs, p.k, dim=-1)
+            if p.norm:
+                wts = wts / wts.sum(dim=-1, keepdim=True)
+            y = torch.zeros_like(xt)
+            for e in torch.unique(idx).tolist():
+                rows, slot = torch.nonzero(idx == e, as_tuple=True)
+                xe = xt[rows]
+                h = silu(xe @ tw["gate"][e].T) * (xe @ tw["up"][e].T)
+                y.index_add_(0, rows, wts[rows, slot][:, None] * (h @ tw["down"][e].T))
+            if p.S:
+                s = (silu(xt @ tw["shared_gate"].T) * (xt @ tw["shared_up"].T)) @ tw["shared_down"].T
+                if "shared_expert_gate" in tw:
+                    s = s * torch.sigmoid(xt @ tw["shared_expert_gate"])[:, None]
+                y += s
+            return y.numpy()
+    return fn
+
+
+@contextlib.contextmanager
+def pinned_threads(threads):
+    """NumPy's BLAS and PyTorch's intra-op pool at `threads` for the block."""
+    torch = _torch()
+    old = torch.get_num_threads() if torch else None
+    if torch:
+        torch.set_num_threads(threads)
+    try:
+        from threadpoolctl import threadpool_limits
+        with threadpool_limits(limits=threads):
+            yield
+    finally:
+        if torch:
+            torch.set_num_threads(old)
+
+
+def blas_info() -> list[dict]:
+    """Which BLAS NumPy runs and the kernel it chose (threadpoolctl), for the JSON."""
+    try:
+        from threadpoolctl import threadpool_info
+        return [{k: v for k, v in d.items() if k in ("internal_api", "version", "architecture",
+                                                       "num_threads", "filepath")}
+                for d in threadpool_info()]
+    except Exception as e:  # informational only
+        return [{"error": str(e)}]
+
+
+def _libs(build_dir: Path, profile: str, say) -> dict[str, Path]:
+    """colibri-default, and colibri-tuned when a tuned library exists for this host."""
+    from colibri._lib import current_default_build, is_current
+
+    libs = {"colibri-default": current_default_build(profile, build_dir)}
+    tuned = hostid.tuned_library_path(build_dir)
+    if tuned is not None and tuned.exists():
+        if is_current(tuned):
+            libs["colibri-tuned"] = tuned
+        else:
+            say(f"bench: the tuned library {tuned} is older than the engine's sources: "
+                "not benchmarked (re-run `python -m tuner run` to tune again)")
+    return libs
+
+
+def _bytes_per_token(p) -> int | None:
+    return p.decode_bytes if p.T == 1 else None
+
+
+def time_rounds(layers, peers, xs, threads, rounds, min_seconds, bw_fn, per, bws, first=0) -> None:
+    """Rounds first .. first+rounds-1 of one (problem, threads) group, appended to per[name]
+    (seconds per round) and bws (read bandwidth per round)."""
+    names = [*layers, *peers]
+    for r in range(first, first + rounds):
+        b = bw_fn(threads)
+        if b:
+            bws.append(b)
+        # each round starts one implementation later: on this VM the implementation timed
+        # right after the (memory-bound) bandwidth pass ran measurably faster at 2 threads
+        # than the next one on identical code (tuned/default 0.70-0.86 on prefill rows)
+        for name in round_order(names, r):
+            if name in layers:
+                per.setdefault(name, []).append(time_colibri(layers[name], xs, threads, min_seconds))
+            else:
+                with pinned_threads(threads):
+                    per.setdefault(name, []).append(time_python(peers[name], xs, min_seconds))
+
+
+def group_rows(p, p_peer, per, bws, threads, copies) -> list[dict]:
+    """One row per implementation of a (problem, threads) group from its rounds."""
+    bw = _median(bws) if bws else None
+    rows = []
+    for name, ts in per.items():
+        t = _median(ts)
+        peer_row = name not in copies
+        nbytes = _bytes_per_token(p_peer if peer_row else p)
+
+        def ratio(peer):
+            if peer not in per or peer == name:
+                return None
+            return _median([a / b for a, b in zip(per[peer], ts)])
+        gbps = nbytes / t / 1e9 if nbytes else None
+        rows.append({
+            "case": p.name, "threads": threads, "impl": name, "rounds": len(ts),
+            "weights": p_peer.dtype if peer_row else p.dtype,
+            "seconds": t, "ms_per_token": t / p.T * 1e3, "round_seconds": ts,
+            "gbps": gbps, "read_bw_gbps": bw,
+            "bound_ms_per_token": nbytes / bw / 1e6 if nbytes and bw else None,
+            "pct_of_bound": 100 * gbps / bw if gbps and bw else None,
+            "gflops": p.flops / t / 1e9,
+            "layer_copies": None if peer_row else copies[name],
+            "vs_numpy": ratio("numpy"), "vs_torch": ratio("torch"),
+            "tuned_vs_default": ratio("colibri-default") if name == "colibri-tuned" else None})
+    return rows
+
+
+def timed_rounds(libs, build, peers, xs, threads_list, rounds, min_seconds, bw_fn, per, bws) -> None:
+    """`rounds` more interleaved rounds at each thread count, appended to per[threads].
+    Where a library's layers sit in memory moves its speed by several percent (the set
+    allocated second ran 1.06-1.09x faster on identical code), so the layers are built in
+    library order for the first half of the rounds, then freed and built in reverse order
+    for the rest."""
+    halves = [(list(libs), (rounds + 1) // 2), (list(reversed(libs)), rounds // 2)]
+    for order, nr in halves:
+        if nr == 0:
+            continue
+        built = {name: build(name) for name in order}
+        layers = {name: built[name] for name in libs}
+        for threads in threads_list:
+            time_rounds(layers, peers, xs, threads, nr, min_seconds, bw_fn, per[threads],
+                        bws[threads], first=len(per[threads].get("colibri-default", [])))
+        del built, layers  # free these arenas before the next are built
+
+
+def measure_group(name, libs, build, peers, xs, threads_list, rounds, min_seconds, bw_fn, say):
+    """(per, bws) of one problem: per[threads][impl] seconds per round, bws[threads] read
+    bandwidth per round."""
+    per = {th: {} for th in threads_list}
+    bws = {th: [] for th in threads_list}
+    timed_rounds(libs, build, peers, xs, threads_list, rounds, min_seconds, bw_fn, per, bws)
+    return per, bws
+
+
+def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=0,
+              build_dir=None, peers=("numpy", "torch"), say=print) -> dict:
+    build_dir = Path(build_dir or build_dir_default())
+    profile = hostid.host_profile_name()
+    libs = _libs(build_dir, profile, say)
+    lib = open_library(libs["colibri-default"])
+    amx = {name: bool(open_library(path).colibri_uses_amx()) for name, path in libs.items()}
+    say("bench: f32/bf16 experts with many tokens on AMX tiles: "
+        + ", ".join(f"{name} {'yes' if on else 'no'}" for name, on in amx.items()))
+    from tuner.host.bandwidth import _llc_total_here, resident_copies, working_set_bytes
+
+    llc = _llc_total_here()
+    bw_bytes = working_set_bytes(llc)[0]
+    bw_fn = lambda threads: read_bandwidth(lib, threads, bw_bytes, min_seconds=0.15)
+    if "torch" in peers and _torch() is None:
+        say("bench: PyTorch is not installed: its column is skipped "
+            "(pip install torch to compare against it)")
+    wdir = build_dir / "tuner" / "weights"
+    rows, route_rows = [], []
+    for shape in shapes:
+        for phase in phases:
+            p32 = problems_mod.problem(f"{shape}/{phase}/f32")
+            weights.ensure(wdir, p32, seed, progress=say)
+            w32 = weights.load(wdir, p32, seed)
+            xs = _inputs(p32, max(2, min(64, 2048 // p32.T)), seed + 1)
+            peer_fns = {}
+            if "numpy" in peers:
+                peer_fns["numpy"] = lambda x, w=w32, p=p32: numpy_layer(x, w, p)
+            if "torch" in peers and _torch() is not None:
+                peer_fns["torch"] = torch_layer_fn(w32, p32)
+            for dtype in dtypes:
+                p = problems_mod.problem(f"{shape}/{phase}/{dtype}")
+                weights.ensure(wdir, p, seed, progress=say)
+                enc = weights.load_encoded(wdir, p, seed)
+                sh = enc.pop("shared_expert_gate", (None, None))[0]
+                router = enc.pop("router")[0]
+                # the f32 weights the peers run are >= 4x the LLC for every reference shape
+                copies = resident_copies(p.layer_bytes, llc)
+                build = lambda name: [MoELayer.from_encoded(  # noqa: E731
+                    router, dict(enc), weight_dtype=dtype, shared_expert_gate=sh,
+                    lib=str(libs[name]), top_k=p.k, scoring=p.scoring, norm_topk_prob=p.norm)
+                    for _ in range(copies)]
+                per, bws = measure_group(p.name, libs, build, peer_fns, xs, threads_list, rounds,
+                                         min_seconds, bw_fn, say)
+                for threads in threads_list:
+                    for r in group_rows(p, p32, per[threads], bws[threads], threads,
+                                        {name: copies for name in libs}):
+                        rows.append(r)
+                        say(_fmt(r))
+        p = problems_mod.problem(f"{shape}/prefill{ROUTE_T}/f32")
+        t_route = time_route(lib, p, ROUTE_T, min_seconds)
+        layer_rows = [r for r in rows if r["case"] == p.name and r["impl"] == "colibri-default"]
+        fastest = min((r["seconds"] for r in layer_rows), default=None)
+        route_rows.append({"shape": shape, "T": ROUTE_T, "E": p.E, "k": p.k,
+                           "route_seconds": t_route,
+                           "layer_seconds": fastest,
+                           "pct_of_layer": 100 * t_route / fastest if fastest else None})
+        say(_fmt_route(route_rows[-1]))
+    return {"host_id": hostid.host_id(), "profile": profile,
+            "libs": {k: str(v) for k, v in libs.items()}, "amx": amx,
+            "blas_env": {k: os.environ.get(k) for k in BLAS_ENV}, "blas": blas_info(),
+            "rounds": rounds, "min_seconds": min_seconds,
+            "rows": rows, "routing": route_rows,
+            "torch": getattr(_torch(), "__version__", None), "created": time.time()}
+
+
+HEADER = (f"{'case':34} {'thr':>3} {'impl':15} {'ms/token':>9} {'GB/s':>6} {'bw GB/s':>7} "
+          f"{'bound ms':>8} {'% bound':>7} {'GFLOP/s':>8} {'vs numpy':>8} {'vs torch':>8} "
+          f"{'tuned/def':>9}")
+
+
+def _f(v, spec):
+    return format(v, spec) if v is not None else "-"
+
+
+def _fmt(r):
+    return (f"{r['case']:34} {r['threads']:>3} {r['impl']:15} {r['ms_per_token']:9.3f} "
+            f"{_f(r['gbps'], '.1f'):>6} {_f(r['read_bw_gbps'], '.1f'):>7} "
+            f"{_f(r['bound_ms_per_token'], '.3f'):>8} {_f(r['pct_of_bound'], '.1f'):>7} "
+            f"{r['gflops']:8.1f} {_f(r['vs_numpy'], '.2f'):>8} {_f(r['vs_torch'], '.2f'):>8} "
+            f"{_f(r['tuned_vs_default'], '.3f'):>9}")
+
+
+def _fmt_route(r):
+    layer = _f(r["layer_seconds"] and r["layer_seconds"] * 1e3, ".2f")
+    return (f"routing {r['shape']} T={r['T']} E={r['E']} top-{r['k']}: "
+            f"{r['route_seconds'] * 1e6:.1f} us = {_f(r['pct_of_layer'], '.3f')}% "
+            f"of the layer ({layer} ms, f32, fastest thread count)")
+
+
+def main(argv=None) -> int:
+    ap = _cli.Parser(
+        prog="python -m colibri_bench bench", description=__doc__.split("\n\n")[0],
+        epilog="Exit status: 0 done, 1 a measurement failed, 2 usage error.")
+    ap.add_argument("--shape", action="append", choices=sorted(problems_mod.SHAPES),
+                    help=f"model shape (repeatable; default: {', '.join(REFERENCE_SHAPES)})")
+    ap.add_argument("--dtype", action="append", choices=list(quant.DTYPES),
+                    help=f"weight dtype (repeatable; default all: {', '.join(quant.DTYPES)})")
+    ap.add_argument("--phase", action="append",
+                    help=f"decode, prefillN (repeatable; default {', '.join(PHASES)})")
+    ap.add_argument("--threads", action="append", type=_cli.positive_int,
+                    help="threads (repeatable; default 1 and all CPUs)")
+    ap.add_argument("--rounds", type=_cli.positive_int, default=4, help="interleaved rounds per group (default 4: two per placement of the layers)")
+    ap.add_argument("--min-seconds", type=_cli.positive_float, default=0.3,
+                    help="timing per implementation per round (default 0.3)")
+    ap.add_argument("--no-numpy", action="store_true", help="skip the NumPy peer")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
+    ap.add_argument("--out", help="JSON output (default reports/<host-id>/bench.json)")
+    ap.add_argument("--keep-blas-env", action="store_true",
+                    help=f"keep {' and '.join(BLAS_ENV)} (default: unset them for this run so "
+                         "OpenBLAS chooses its own kernel)")
+    args = ap.parse_args(argv)
+    if args.rounds < 1 or args.min_seconds <= 0:
+        ap.error("--rounds must be >= 1 and --min-seconds > 0")
+    for ph in args.phase or ():
+        try:
+            problems_mod.problem(f"tiny/{ph}/f32")
+        except ValueError as e:
+            ap.error(str(e))
+    if not args.keep_blas_env and any(k in os.environ for k in BLAS_ENV):
+        # numpy reads these when it loads OpenBLAS: re-run without them
+        env = {k: v for k, v in os.environ.items() if k not in BLAS_ENV}
+        print(f"bench: unsetting {', '.join(k for k in BLAS_ENV if k in os.environ)} "
+              "for this run (OpenBLAS picks its own kernel)", file=sys.stderr)
+        os.execve(sys.executable, [sys.executable, "-m", "colibri_bench", "bench",
+                                   *(sys.argv[2:] if argv is None else argv)], env)
+    peers = tuple(n for n, off in (("numpy", args.no_numpy), ("torch", args.no_torch)) if not off)
+    print(HEADER, flush=True)
+    try:
+        out = run_bench(args.shape or list(REFERENCE_SHAPES), args.dtype or list(quant.DTYPES),
+                        args.phase or list(PHASES), args.threads or sorted({1, os.cpu_count() or 1}),
+                        args.min_seconds, rounds=args.rounds, peers=peers,
+                        say=lambda m: print(m, flush=True))
+    except (RuntimeError, MemoryError) as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 1
+    path = Path(args.out) if args.out else reports_dir_default() / out["host_id"] / "bench.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(out, indent=1))
+    os.replace(tmp, path)
+    print(f"written: {path}")
+    return 0

@@ -1,0 +1,134 @@
+"""Every kernel ISA x the extremes of every knob class compiles with -Werror under the
+flags of a profile that runs that ISA. The points come from the knobs file, so a new
+knob or class is covered without editing this test; a new ISA needs one row in PROFILES
+(the last test fails until it has one). Behaviour is checked elsewhere (the kernel-variant
+corners, the layer tests); this checks that no corner of the space breaks the build."""
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from colibri_build import paths, profiles, render
+
+KERNEL = "expert_ffn"
+# kernel isa -> the profiles it is compiled under: each distinct set of the capabilities
+# the template tests for (VNNI on avx2 and avx512, AMX), so every #if branch compiles
+PROFILES = {
+    "scalar": ["generic"],
+    "portable": ["generic"],
+    "avx2": ["x86-64-v3", "zen5"],            # zen5's flags add AVX-VNNI
+    "avx512": ["x86-64-v4", "sapphirerapids"],  # sapphirerapids adds VNNI and AMX
+}
+
+
+def _valid(spec, point) -> bool:
+    try:
+        render.validate_knobs(spec, point)
+        return True
+    except render.KnobError:
+        return False
+
+
+def _extremes(spec, defaults, names, pick) -> list[dict]:
+    """Points that together put every knob of `names` at its pick (min or max) value:
+    each starts from the defaults (or, where the constraints need it, the class's other
+    knobs at their opposite extreme) with one knob not yet covered at its extreme, then
+    takes every other knob's extreme that keeps the constraints."""
+    other = max if pick is min else min
+    out, todo = [], list(names)
+    while todo:
+        point = dict(defaults, **{todo[0]: pick(spec.knobs[todo[0]].values)})
+        if not _valid(spec, point):
+            point = {**defaults, **{n: other(spec.knobs[n].values) for n in names},
+                     todo[0]: pick(spec.knobs[todo[0]].values)}
+        if not _valid(spec, point):
+            todo.pop(0)  # no point of this class holds this extreme
+            continue
+        for n in names:
+            trial = dict(point, **{n: pick(spec.knobs[n].values)})
+            if _valid(spec, trial):
+                point = trial
+        todo = [n for n in todo if point[n] != pick(spec.knobs[n].values)]
+        out.append(point)
+    return out
+
+
+def points(spec) -> list[tuple[str, dict]]:
+    """(name, knobs): the defaults, then points putting every knob at its min and at its
+    max value. Classes are independent, so their extreme points are laid over each other
+    (the i-th min point of every class in one point) unless that breaks a constraint."""
+    defaults = {n: k.default for n, k in spec.knobs.items()}
+    out = [("defaults", defaults)]
+    for label, pick in (("min", min), ("max", max)):
+        per_class = []
+        for names in spec.classes().values():
+            names = [n for n in names if all(isinstance(v, (int, float)) for v in spec.knobs[n].values)]
+            per_class.append(_extremes(spec, defaults, names, pick) if names else [])
+        for i in range(max(map(len, per_class))):
+            layers = [ps[i] for ps in per_class if i < len(ps)]
+            combined = dict(defaults)
+            for p in layers:
+                combined.update({k: v for k, v in p.items() if v != defaults[k]})
+            candidates = [combined] if _valid(spec, combined) else layers
+            for p in candidates:
+                if p not in [q for _, q in out]:
+                    out.append((f"all-{label}{i or ''}", p))
+    return out
+
+
+def matrix():
+    spec = render.load_knob_spec(KERNEL)
+    cases = []
+    for isa in spec.knobs["isa"].values:
+        for profile in PROFILES.get(isa, []):
+            for name, p in points(spec):
+                cases.append((isa, profile, name, dict(p, isa=isa)))
+    return cases
+
+
+def _compile(args):
+    source, cflags, out = args
+    # -D_GNU_SOURCE: as SConstruct defines it for every object (the AMX path calls syscall())
+    return subprocess.run(["gcc", *cflags, "-D_GNU_SOURCE", "-Werror", "-I", str(paths.KERNELS_DIR),
+                           "-c", str(source), "-o", str(out)], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_every_isa_and_class_extreme_compiles_with_werror(tmp_path):
+    cases = matrix()
+    jobs, names = [], []
+    for i, (isa, profile, name, knobs) in enumerate(cases):
+        resolved = profiles.resolve(profiles.get_profile(profile), "gcc")
+        if resolved.compiler.family != "gcc":
+            continue
+        src = tmp_path / f"{i}.c"
+        src.write_text(render.render(KERNEL, knobs))
+        jobs.append((src, list(resolved.cflags), tmp_path / f"{i}.o"))
+        names.append(f"{isa}/{profile}/{name}")
+    assert len(jobs) == len(cases) >= 4 * len(points(render.load_knob_spec(KERNEL)))
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        results = list(pool.map(_compile, jobs))
+    failed = [f"{n}:\n{r.stderr[-1500:]}" for n, r in zip(names, results) if r.returncode != 0]
+    assert not failed, f"{len(failed)} of {len(jobs)} failed:\n" + "\n".join(failed[:3])
+
+
+def test_the_points_reach_every_knob_extreme():
+    spec = render.load_knob_spec(KERNEL)
+    pts = [p for _, p in points(spec)]
+    for p in pts:
+        render.validate_knobs(spec, p)
+    for name, knob in spec.knobs.items():
+        if name == "isa" or not all(isinstance(v, (int, float)) for v in knob.values):
+            continue
+        seen = {p[name] for p in pts}
+        assert {min(knob.values), max(knob.values)} <= seen, name
+
+
+def test_every_isa_has_profiles_that_compile_it():
+    spec = render.load_knob_spec(KERNEL)
+    for isa in spec.knobs["isa"].values:
+        assert PROFILES.get(isa), f"isa {isa!r}: add the profiles that compile it to PROFILES"
+        for profile in PROFILES[isa]:
+            assert isa in profiles.get_profile(profile).kernel_isas, (isa, profile)

@@ -1,0 +1,125 @@
+"""Corners of the kernel knob space (both classes, decode and prefill): each builds
+through SCons (config=) and computes the layer right for every dtype, on shapes with
+ragged rows, columns and tokens."""
+import numpy as np
+import pytest
+from moe_data import assert_engine, make_case
+
+from colibri._lib import build_profile, open_library
+import colibri
+from colibri_build import render
+
+# (isa, profile, decode rows, tok_block, unroll, prefetch, prefetch_int8, prefetch_int4,
+#  prefill rows, tok_block, unroll, prefetch, gemm rows, vecs, kc, min_tokens,
+#  int gemm rows, vecs, amx, amx_kc, amx_f32_min_tokens; see _knobs for the bf16 knobs): every value of each knob appears
+# at least once, the int gemm knobs each on a profile with a VNNI dot-product instruction
+# (without one, int experts take the dot kernels, which the other corners cover), and the
+# AMX knobs each on the profile that targets AMX (elsewhere amx=1 compiles to the AVX-512
+# gemm); the T=300 case's experts (~150 tokens) reach every f32 threshold
+CORNERS = [
+    ("scalar", "generic", 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 2, 1, 128, 4, 2, 1, 0, 256, 64),
+    ("scalar", "generic", 2, 2, 4, 512, 2048, 1024, 4, 4, 1, 2048, 3, 2, 256, 8, 3, 2, 0, 256, 64),
+    ("portable", "generic", 4, 2, 1, 2048, 4096, 2048, 2, 4, 2, 256, 4, 2, 512, 16, 4, 1, 0, 256, 64),
+    ("portable", "generic", 1, 2, 4, 512, 8192, 4096, 1, 2, 4, 512, 6, 1, 128, 32, 2, 2, 0, 256, 64),
+    ("avx2", "x86-64-v3", 2, 1, 4, 8192, 16384, 8192, 4, 2, 2, 1024, 2, 2, 256, 4, 3, 1, 1, 512, 64),
+    ("avx2", "sapphirerapids", 4, 2, 2, 2048, 8192, 2048, 2, 2, 4, 0, 3, 1, 512, 8, 2, 2, 1, 256, 64),
+    ("avx512", "icelake-server", 1, 2, 4, 8192, 16384, 8192, 1, 4, 4, 512, 6, 2, 128, 16, 3, 2, 1, 1024, 64),
+    ("avx512", "x86-64-v4", 4, 1, 2, 0, 0, 0, 4, 4, 1, 2048, 4, 1, 256, 4, 4, 1, 0, 512, 64),
+    ("avx512", "sapphirerapids", 2, 2, 2, 512, 4096, 1024, 2, 2, 1, 0, 2, 1, 512, 32, 4, 1, 1, 512, 16),
+    # AMX tiles (f32/bf16 gemm): off, and each k-tile and f32 threshold, where AMX is built
+    ("avx512", "sapphirerapids", 4, 1, 1, 2048, 2048, 2048, 4, 1, 2, 256, 3, 2, 256, 16, 2, 1, 0, 1024, 64),
+    ("avx512", "sapphirerapids", 1, 1, 2, 0, 8192, 4096, 2, 4, 1, 1024, 4, 2, 128, 4, 3, 2, 1, 256, 32),
+    ("avx512", "sapphirerapids", 2, 2, 1, 8192, 0, 1024, 1, 2, 2, 0, 6, 1, 512, 8, 2, 2, 1, 1024, 128),
+]
+KNOBS = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "prefetch_int4",
+         "prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch",
+         "gemm_rows", "gemm_vecs", "gemm_kc", "gemm_min_tokens", "igemm_rows", "igemm_vecs",
+         "amx", "amx_kc", "amx_f32_min_tokens"]
+
+
+def _knobs(corner):
+    """The corner's knob values. Its prefetch and amx columns drive both dtypes' knobs:
+    f32 takes them as written, bf16 the next corner's prefetch and, on every other
+    corner, the opposite amx switch (so f32 and bf16 differ in some corners)."""
+    k = dict(zip(KNOBS, corner[:1] + corner[2:]))
+    i = CORNERS.index(corner)
+    k["prefetch_f32"] = k.pop("prefetch")
+    k["prefetch_bf16"] = CORNERS[(i + 1) % len(CORNERS)][5]
+    amx = k.pop("amx")
+    k["amx_f32"], k["amx_bf16"] = amx, (amx if i % 2 == 0 else 1 - amx)
+    return k
+
+
+def _targets_amx(knobs, profile):
+    return ((knobs["amx_f32"] or knobs["amx_bf16"]) and knobs["isa"] == "avx512"
+            and profile == "sapphirerapids")
+
+
+def _host_grants_amx():
+    """AMX tile and bf16 flags, and a Linux new enough to grant the tile state (5.16)."""
+    import platform
+
+    from colibri_build import cpuinfo
+
+    flags = cpuinfo.host_cpu().flags
+    try:
+        version = tuple(int(v) for v in platform.release().split(".")[:2])
+    except ValueError:
+        return False
+    return {"amx_tile", "amx_bf16"} <= flags and platform.system() == "Linux" and version >= (5, 16)
+
+
+@pytest.fixture(scope="module")
+def cases():
+    # the third: an expert with > 128 tokens (two token chunks of the gemm path), more rows
+    # than one row chunk and more columns than one k-tile
+    return [make_case(H=67, I=45, E=8, k=3, S=21, gated=True, seed=1),
+            make_case(H=130, I=64, E=5, k=2, scoring="softmax_topk", seed=2),
+            make_case(H=300, I=301, E=2, k=1, S=129, seed=3)]
+
+
+@pytest.mark.parametrize("corner", CORNERS, ids=lambda c: "-".join(map(str, c)))
+def test_corner_builds_and_is_correct(tmp_path, cases, corner):
+    profile = corner[1]
+    from colibri_build import cpuinfo, profiles
+
+    ok, why = profiles.runs_on(profiles.get_profile(profile), cpuinfo.host_cpu())
+    if not ok:
+        pytest.skip(f"{profile} kernels cannot run on this host: {why}")
+    knobs = _knobs(corner)
+    cfg = render.write_config_h(tmp_path / "config.h", knobs, signature="0", profile=profile)
+    lib = build_profile(profile, config=cfg, build_dir=tmp_path / "build", quiet=True)
+    for case in cases:
+        for dtype in ("f32", "bf16", "int8", "int4"):
+            L = colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype=dtype,
+                                 lib=lib, **case.layer_kwargs())
+            # decode class (<= 2 tokens per expert), prefill dot kernels and the gemm path
+            for T in ((1, 2, 7, 40) if case.hidden < 300 else (40, 300)):
+                x = case.inputs(T, seed=T)
+                assert_engine(L(x), case.reference(x, dtype), dtype)
+    # the AMX corners above ran on tiles wherever this host has them
+    uses = open_library(lib).colibri_uses_amx()
+    if not _targets_amx(knobs, profile):
+        assert uses == 0
+    elif _host_grants_amx():
+        assert uses == 1, "the host has AMX and Linux >= 5.16, but the library did not get its tiles"
+
+
+def test_corners_cover_every_knob_value():
+    spec = render.load_knob_spec("expert_ffn")
+    names = set(_knobs(CORNERS[0]))
+    assert names == set(spec.knobs)
+    for name in names:
+        assert {_knobs(c)[name] for c in CORNERS} == set(spec.knobs[name].values), name
+    # the int gemm knobs, on profiles whose ISA has a dot-product instruction
+    vnni = [_knobs(c) for c in CORNERS if c[1] in ("icelake-server", "sapphirerapids")]
+    for name in ("igemm_rows", "igemm_vecs"):
+        assert {k[name] for k in vnni} == set(spec.knobs[name].values), name
+    # the AMX knobs, where AMX is compiled in
+    amx = [_knobs(c) for c in CORNERS if c[:2] == ("avx512", "sapphirerapids")]
+    for name in ("amx_f32", "amx_bf16", "amx_kc", "amx_f32_min_tokens"):
+        assert {k[name] for k in amx} == set(spec.knobs[name].values), name
+    assert {k["amx_kc"] for k in amx if k["amx_f32"] or k["amx_bf16"]} == set(spec.knobs["amx_kc"].values)
+    assert {(k["amx_f32"], k["amx_bf16"]) for k in amx} >= {(1, 0), (0, 1), (1, 1)}
+    for c in CORNERS:
+        render.validate_knobs(spec, _knobs(c))

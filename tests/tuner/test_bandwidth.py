@@ -1,0 +1,114 @@
+"""tuner.host.bandwidth and kernels/membw.c: structure and sanity, never speed.
+
+Tiny runs (64 MiB, 0.05 s per figure): this checks that the kernels build through
+the same pipeline, run, verify themselves and report sensible, positive figures.
+"""
+from __future__ import annotations
+
+import pytest
+
+from colibri import _lib
+from colibri_build import hostid
+from tuner.host import bandwidth, probe
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def membw_lib(tmp_path_factory):
+    """The host's default library if it has the kernels, else a fresh build of the
+    host's profile (a library loaded before membw.c existed cannot be reloaded)."""
+    lib = _lib.open_library(_lib.default_library_path())
+    if hasattr(lib, bandwidth.SYMBOL):
+        return lib
+    built = _lib.build_profile(hostid.host_profile_name(),
+                               build_dir=tmp_path_factory.mktemp("build"), quiet=True)
+    return _lib.open_library(built)
+
+
+def test_measure_tiny(membw_lib):
+    res = bandwidth.measure(threads=(1, 2), lib=membw_lib, min_seconds=0.05, bytes=64 * MiB,
+                            llc_bytes=8 * MiB)
+    assert res["threads"] == [1, 2] and res["bytes"] == 64 * MiB
+    assert res["llc_bytes"] == 8 * MiB and res["bytes_rule"] == "given by the caller"
+    assert "median" in res["statistic"] and "24 bytes" in res["counting"]["triad"]
+    for kind in ("read", "triad"):
+        assert set(res[kind]) == {"1", "2"}
+        assert all(v > 0 for v in res[kind].values())
+        assert res[f"{kind}_gbps"] == max(res[kind].values())
+        assert res[f"{kind}_threads"] in (1, 2)
+    for row in res["runs"]:
+        for kind in ("read", "triad"):
+            r = row[kind]
+            assert r["passes"] >= 3 and r["seconds_timed"] >= 0.05
+            assert r["worst_gbps"] <= r["gbps"] <= r["best_gbps"]
+            assert r["threads_run"] == row["threads"]
+            assert 0 < r["bytes"] <= 64 * MiB
+    assert res["seconds"] > 0
+
+
+def test_raw_kernel_api(membw_lib):
+    ffi = _lib.ffi
+    gbps = ffi.new("double *")
+    assert membw_lib.colibri_membw(bandwidth.READ, 16 * MiB, 1, 0.0, gbps) == 0
+    assert gbps[0] > 0
+    out = ffi.new("colibri_membw_result *")
+    assert membw_lib.colibri_membw_run(bandwidth.TRIAD, 24 * MiB, 1, 0.0, out) == 0
+    assert out.bytes_per_pass == out.bytes and out.passes >= 3 and out.checksum == 2 * 3.5
+    # bad arguments are errors with a message, never a crash
+    assert membw_lib.colibri_membw_run(7, 16 * MiB, 1, 0.0, out) != 0
+    assert "kind" in _lib.last_error(membw_lib)
+    assert membw_lib.colibri_membw_run(bandwidth.READ, 16 * MiB, 1, -1.0, out) != 0
+    assert membw_lib.colibri_membw_run(bandwidth.READ, 16 * MiB, 1, 0.0, ffi.NULL) != 0
+
+
+def test_too_small_a_working_set_is_refused(membw_lib):
+    with pytest.raises(bandwidth.BandwidthError, match="too small"):
+        bandwidth.run_kernel(membw_lib, "triad", 1024, 4, 0.0)
+
+
+def test_sizing_rules():
+    assert bandwidth.thread_ladder(1) == (1,)
+    assert bandwidth.thread_ladder(2) == (1, 2)
+    assert bandwidth.thread_ladder(12, 6) == (1, 2, 4, 6, 8, 12)
+    assert bandwidth.thread_ladder(384, 192)[-3:] == (192, 256, 384)
+    assert bandwidth.working_set_bytes(300 * MiB)[0] == 1200 * MiB
+    assert bandwidth.working_set_bytes(8 * MiB)[0] == 256 * MiB
+    assert bandwidth.working_set_bytes(None)[0] == 256 * MiB
+    n, rule = bandwidth.working_set_bytes(1024 * MiB, available=2048 * MiB)
+    assert n == 512 * MiB and "capped" in rule
+
+
+def test_probe_reports_why_bandwidth_is_missing(tmp_path):
+    info = probe.probe(lib=tmp_path / "no-such-libcolibri.so", bandwidth_threads=(1,),
+                       bandwidth_seconds=0.01, detect_compilers=False)
+    assert info.bandwidth is None
+    assert "not measured" in info.bandwidth_reason and "LibraryNotFound" in info.bandwidth_reason
+
+
+def test_resident_copies_cover_the_llc_several_times():
+    from tuner.host.bandwidth import LLC_FACTOR, MAX_COPIES, resident_copies
+    from tuner.measure.problems import problem
+
+    llc = 300 << 20
+    for name in ("qwen3-30b-a3b/decode/int4", "qwen3-30b-a3b/decode/bf16",
+                 "olmoe-1b-7b/decode/int4", "mixtral-8x7b/decode/f32"):
+        p = problem(name)
+        n = resident_copies(p.layer_bytes, llc)
+        assert n * p.layer_bytes >= LLC_FACTOR * llc          # enough copies
+        assert n == 1 or (n - 1) * p.layer_bytes < LLC_FACTOR * llc   # and no more
+    assert resident_copies(problem("qwen3-30b-a3b/decode/int4").layer_bytes, llc) == 4
+    assert resident_copies(problem("mixtral-8x7b/decode/f32").layer_bytes, llc) == 1
+    assert resident_copies(1000, llc) == MAX_COPIES     # a toy layer: capped
+    assert resident_copies(1000, None) == 1             # cache size unknown
+
+
+def test_layer_bytes_counts_every_expert_the_shared_expert_and_the_router():
+    from colibri.quant import stored_bytes
+    from tuner.measure.problems import problem
+
+    p = problem("qwen1.5-moe-a2.7b/decode/int8")
+    per_expert = 2 * stored_bytes("int8", p.I, p.H) + stored_bytes("int8", p.H, p.I)
+    shared = 2 * stored_bytes("int8", p.S, p.H) + stored_bytes("int8", p.H, p.S)
+    assert p.S > 0 and p.layer_bytes == p.E * per_expert + shared + p.E * p.H * 4
+    assert p.decode_bytes == p.k * per_expert + shared + p.E * p.H * 4

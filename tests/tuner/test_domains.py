@@ -1,0 +1,85 @@
+"""Knob domains are data (templates/expert_ffn.knobs.yaml): every knob declares its class and
+the kernel paths and dtypes its code changes, and each class is tuned on problems that
+cover its whole domain."""
+from pathlib import Path
+
+import pytest
+
+from colibri_build import render
+from tuner import run
+from tuner.measure import problems
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = render.load_knob_spec("expert_ffn", ROOT / "templates")
+
+
+def test_every_knob_has_a_class_and_a_domain():
+    for name, k in SPEC.knobs.items():
+        assert k.cls, name
+        assert k.domain is not None and k.domain.paths and k.domain.dtypes, name
+        assert set(k.domain.paths) <= set(render.PATHS), name
+        assert set(k.domain.dtypes) <= set(render.DOMAIN_DTYPES), name
+        assert set(k.domain.needs) <= set(SPEC.capabilities), name
+
+
+def test_the_default_problems_cover_every_class_domain():
+    default = [problems.problem(n) for n in run.default_problems(SPEC)]
+    for cls in SPEC.classes():
+        have = {(problems.path_of(p), p.dtype) for p in default if run.in_class(SPEC, p, cls)}
+        assert have == set(SPEC.class_domain(cls).cells()), cls
+
+
+@pytest.mark.parametrize("shape", sorted(problems.SHAPES))
+def test_each_path_maps_to_a_problem_on_that_path(shape):
+    for path in render.PATHS:
+        p = problems.problem(f"{shape}/{problems.path_phase(shape, path)}/f32")
+        assert problems.path_of(p) == path, (shape, path, p.T)
+
+
+def test_knobs_that_serve_kernels_with_different_best_values_are_split():
+    # float prefetch per dtype, and AMX per dtype: one dtype's tuning never sets the other's
+    for a, b in (("prefetch_f32", "prefetch_bf16"), ("amx_f32", "amx_bf16")):
+        assert SPEC.knobs[a].domain.dtypes == (a.rsplit("_", 1)[1],)
+        assert SPEC.knobs[b].domain.dtypes == (b.rsplit("_", 1)[1],)
+    assert SPEC.knobs["prefetch_f32"].cls != SPEC.knobs["prefetch_bf16"].cls
+    assert "prefetch" not in SPEC.knobs and "amx" not in SPEC.knobs
+
+
+def test_a_class_domain_is_the_union_of_its_knobs():
+    dom = SPEC.class_domain("decode")
+    assert set(dom.dtypes) == {"f32", "bf16", "int8", "int4"} and dom.paths == ("decode",)
+    assert SPEC.class_domain("gemm_threshold").paths == ("prefill", "gemm")
+
+
+def _spec_with(tmp_path, knob_yaml: str):
+    d = tmp_path / "templates"
+    d.mkdir(parents=True)
+    (d / "k.c.j2").write_text("/* */\n")
+    (d / "k.knobs.yaml").write_text("knobs:\n" + knob_yaml)
+    return lambda: render.load_knob_spec("k", d)
+
+
+def test_a_knob_without_domain_or_class_is_refused(tmp_path):
+    load = _spec_with(tmp_path, "  a:\n    values: [1, 2]\n    default: 1\n    class: c\n")
+    with pytest.raises(render.KnobError, match="needs a 'domain'"):
+        load()
+    load = _spec_with(tmp_path / "x", "  a:\n    values: [1, 2]\n    default: 1\n"
+                      "    domain: {paths: [decode], dtypes: [f32]}\n")
+    with pytest.raises(render.KnobError, match="needs a 'class'"):
+        load()
+
+
+def test_a_domain_naming_an_unknown_path_dtype_or_capability_is_refused(tmp_path):
+    for i, dom in enumerate(("{paths: [warp], dtypes: [f32]}", "{paths: [decode], dtypes: [fp8]}",
+                             "{paths: [decode], dtypes: [f32], needs: [sve]}")):
+        load = _spec_with(tmp_path / str(i), "  a:\n    values: [1, 2]\n    default: 1\n"
+                          f"    class: c\n    domain: {dom}\n")
+        with pytest.raises(render.KnobError, match="unknown"):
+            load()
+
+
+def test_quick_values_must_be_values_of_the_knob(tmp_path):
+    load = _spec_with(tmp_path, "  a:\n    values: [1, 2]\n    default: 1\n    quick: [3]\n"
+                      "    class: c\n    domain: {paths: [decode], dtypes: [f32]}\n")
+    with pytest.raises(render.KnobError, match="quick"):
+        load()

@@ -1,0 +1,133 @@
+"""tuner/build/isacheck.py: the kernel symbols' vector registers against the build's promise,
+on libraries built here (generic + isa=scalar, x86-64-v4 + isa=avx512) and on
+disassembly text written by hand (both architectures)."""
+import platform
+import shutil
+
+import pytest
+
+from colibri_build import render
+from tuner.build import isacheck
+
+X86 = platform.machine() in ("x86_64", "AMD64")
+needs_objdump = pytest.mark.skipif(shutil.which("objdump") is None,
+                                   reason="objdump (binutils) is not installed")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """{name: path of libcolibri.so}: generic with isa=scalar, and x86-64-v4 (isa=avx512)."""
+    from colibri._lib import build_profile
+
+    root = tmp_path_factory.mktemp("isabuild")
+    cfg = render.write_config_h(root / "scalar.h", {"isa": "scalar"}, signature="0" * 16,
+                                profile="generic")
+    libs = {"generic-scalar": build_profile("generic", config=cfg, build_dir=root, quiet=True)}
+    if X86:
+        libs["x86-64-v4"] = build_profile("x86-64-v4", build_dir=root, quiet=True)
+    return libs
+
+
+@needs_objdump
+def test_scalar_generic_build_claims_no_wide_registers(built):
+    r = isacheck.check_library(built["generic-scalar"])
+    assert r.isa == "scalar"                        # read from build_info.json
+    assert r.ok is True, r.message
+    assert "cbk_gateup" in r.symbols and "cbk_rows_acc" in r.symbols
+    if X86:
+        assert r.found["zmm"] == 0 and r.found["ymm"] == 0
+        # generic requires no features: wide registers are forbidden, none promised
+        assert set(r.promised["forbid"]) == {"zmm", "ymm"} and r.promised["require"] == []
+
+
+@needs_objdump
+@pytest.mark.skipif(not X86, reason="AVX-512 kernels are x86-64 only")
+def test_avx512_build_uses_zmm_in_its_kernels(built):
+    r = isacheck.check_library(built["x86-64-v4"])
+    assert r.isa == "avx512"
+    assert r.ok is True, r.message
+    assert r.promised["require"] == ["zmm"] and r.promised["forbid"] == []
+    assert r.found["zmm"] > 0
+    assert {"cbk_gateup", "cbk_rows_acc"} <= set(r.symbols)
+
+
+@needs_objdump
+def test_a_wrong_promise_fails_with_a_message(built):
+    r = isacheck.check_library(built["generic-scalar"], isa="avx512")
+    if not X86:
+        pytest.skip("zmm is an x86 promise")
+    assert r.ok is False
+    assert "promises zmm" in r.message and "use none" in r.message
+
+
+@needs_objdump
+@pytest.mark.skipif(not X86, reason="x86 register classes")
+def test_registers_the_profile_does_not_allow_fail(built):
+    r = isacheck.check_library(built["x86-64-v4"], features=["sse2"])
+    assert r.ok is False
+    assert "zmm registers, which the profile does not allow" in r.message
+    assert "avx512f" in r.message
+
+
+def test_missing_or_foreign_files_are_not_checked_not_crashed(tmp_path):
+    r = isacheck.check_library(tmp_path / "nope.so")
+    assert r.ok is None and "cannot read" in r.message
+    junk = tmp_path / "libjunk.so"
+    junk.write_bytes(b"not an elf file at all, but long enough")
+    r = isacheck.check_library(junk)
+    assert r.ok is None and "not an ELF file" in r.message
+
+
+X86_DISASM = """
+libx.so:     file format elf64-x86-64
+
+Disassembly of section .text:
+
+0000000000001000 <colibri_layer_forward>:
+    1000:	vmovups %zmm0,(%rdi)
+    1006:	ret
+
+0000000000001100 <cbk_gateup>:
+    1100:	vxorps %xmm0,%xmm0,%xmm0
+    1104:	vfmadd231ps (%rsi),%ymm1,%ymm2
+    110a:	jmp    1200 <gateup_f32_dec.part.0>
+
+0000000000001200 <gateup_f32_dec.part.0>:
+    1200:	vfmadd231ps %zmm1,%zmm2,%zmm3
+    1206:	ret
+
+0000000000001300 <cbk_rows_acc@plt>:
+    1300:	vmovups %zmm9,(%rax)
+"""
+
+ARM_DISASM = """
+0000000000001000 <cbk_gateup>:
+    1000:	fmla	v0.4s, v1.4s, v2.4s
+    1004:	ldr	q3, [x1, #16]
+    1008:	fmla	z0.s, p0/m, z1.s, z2.s
+    100c:	fadd	s0, s1, s2
+0000000000001100 <route_one>:
+    1100:	fmla	v9.4s, v9.4s, v9.4s
+"""
+
+
+def test_count_registers_only_inside_kernel_symbols():
+    counts, symbols = isacheck.count_registers(X86_DISASM, "x86_64", ("cbk_", "gateup_"))
+    assert symbols == ["cbk_gateup", "gateup_f32_dec.part.0"]   # clones count, PLT stubs not
+    assert counts == {"xmm": 1, "ymm": 1, "zmm": 1}              # colibri_layer_forward's zmm not
+    counts, symbols = isacheck.count_registers(ARM_DISASM, "aarch64", ("cbk_",))
+    assert symbols == ["cbk_gateup"]
+    assert counts == {"v": 1, "q": 1, "z": 1}
+
+
+def test_kernel_prefixes_come_from_the_templates():
+    prefixes = isacheck.kernel_prefixes()
+    for name in ("cbk_", "cbk_gateup", "cbk_rows_acc", "gateup_", "rows_acc_", "dot_"):
+        assert name in prefixes
+
+
+def test_elf_arch(tmp_path):
+    for machine, arch in ((62, "x86_64"), (183, "aarch64")):
+        f = tmp_path / f"lib{machine}.so"
+        f.write_bytes(b"\x7fELF\x02\x01" + b"\0" * 12 + machine.to_bytes(2, "little") + b"\0" * 40)
+        assert isacheck.elf_arch(f) == arch

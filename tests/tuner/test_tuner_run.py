@@ -1,0 +1,409 @@
+"""The tuner end to end on a tiny problem and space: faults injected into variants,
+a run killed mid-way and resumed, a re-run that measures nothing, emit."""
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBLEMS = ("tiny/decode/f32",)
+FAKE_HOST = {"host_id": "testhost-000000000000", "fingerprint": "f" * 16,
+             "bandwidth": {"read": {"1": 10.0, "2": 20.0}}}
+
+FAULTS = {
+    # knob value -> C statement at the top of cbk_gateup (or a syntax error)
+    "compile": "this is not C;",
+    "crash": "{ volatile int *p = 0; *p = 1; }",
+    "hang": "{ volatile int spin = 1; while (spin) {} }",
+    # allocates and touches 16 KiB per call, never frees it (the pointer escapes through a
+    # volatile, or the compiler removes the allocation)
+    "leak": "{ static void *volatile sink; char *p = malloc(16384); if (p) memset(p, 1, 16384); sink = p; }",
+    # correct but slow: a busy loop per call (a deterministic loser for the kill test)
+    "slow": "{ for (volatile long i = 0; i < 200000; ++i) {} }",
+}
+# after the kernel has written its output: a wrong answer, not a crash
+WRONG = "    if (ntok > 0 && r1 > r0) Hout[r0] += 1.0f;\n"
+# one float past the expert's scratch block (the rows end at ldh)
+OOB_SCRATCH = "    if (ntok > 0 && r1 == ldh) Hout[(size_t)(ntok - 1) * ldh + r1] = 1.0f;\n"
+# one float past the output row of the last token (at T=1: past the output)
+OOB_OUT = "    if (ntok > 0 && r1 == ldy) Y[(size_t)tok[ntok - 1] * ldy + r1] = 1.0f;\n"
+ALL_FAULTS = ["none", *FAULTS, "wrong", "oob_scratch", "oob_out"]
+
+
+def make_broken_templates(d: Path) -> Path:
+    """A copy of templates/ at d whose expert_ffn has a `fault` knob (deliberately broken
+    variants)."""
+    shutil.copytree(ROOT / "templates", d)
+    src = (d / "expert_ffn.c.j2").read_text()
+    marker = "void cbk_gateup(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, int ldx,\n                const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh, void *ws) {\n"
+    assert marker in src
+    inject = "".join(f'{{% if fault == "{k}" %}}    {v}\n{{% endif %}}' for k, v in FAULTS.items())
+    # after each entry point's dtype switch, before the function's closing brace
+    end, nxt = "    }\n", "}\n\nvoid cbk_rows_acc("
+    assert src.count(end + nxt) == 1
+    src = src.replace(end + nxt, end + '{% if fault == "wrong" %}' + WRONG + "{% endif %}"
+                      + '{% if fault == "oob_scratch" %}' + OOB_SCRATCH + "{% endif %}" + nxt)
+    nxt_acc = "}\n\n/* thread splits"
+    assert src.count(end + nxt_acc) == 1
+    src = src.replace(end + nxt_acc, end + '{% if fault == "oob_out" %}' + OOB_OUT + "{% endif %}" + nxt_acc)
+    src = src.replace("#include <string.h>\n", "#include <stdlib.h>\n#include <string.h>\n", 1)
+    (d / "expert_ffn.c.j2").write_text(src.replace(marker, marker + inject))
+    knobs = (d / "expert_ffn.knobs.yaml").read_text().replace(
+        "constraints:", f"  fault:\n    values: [{', '.join(ALL_FAULTS)}]\n"
+        "    default: none\n    class: decode\n    domain: {paths: [decode], dtypes: [f32]}\n    doc: test-only fault injection\nconstraints:")
+    (d / "expert_ffn.knobs.yaml").write_text(knobs)
+    return d
+
+
+@pytest.fixture
+def broken_templates(tmp_path, monkeypatch):
+    d = make_broken_templates(tmp_path / "templates")
+    monkeypatch.setenv("COLIBRI_TEMPLATES_DIR", str(d))
+    return d
+
+
+def _run_in_subprocess(tmp_path, extra_env, args, timeout=600):
+    env = dict(os.environ, **extra_env)
+    return subprocess.run([sys.executable, "-m", "tuner", "run", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_faulty_variants_are_recorded_and_a_correct_winner_is_chosen(tmp_path, broken_templates):
+    # run in a fresh process: the templates directory is read at import time
+    code = f"""
+import json, sys
+from pathlib import Path
+from tuner.run import RunConfig, run
+cfg = RunConfig(profile="generic", problems={PROBLEMS!r}, strategy="exhaustive", quick=True,
+                min_seconds=0.05, retime_rounds=1, worker_timeout_s=20,
+                build_dir=Path({str(tmp_path / 'build')!r}),
+                report_dir=Path({str(tmp_path / 'reports')!r}),
+                space_overrides={{"isa": ["portable"], "rows": [1, 2], "tok_block": [1],
+                                  "unroll": [2], "prefetch_f32": [0],
+                                  "fault": ["none", "compile", "crash", "hang", "wrong",
+                                            "oob_scratch", "oob_out", "leak"]}})
+s = run(cfg, host={FAKE_HOST!r})
+json.dump(s, sys.stdout, default=str)
+"""
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900, env=dict(os.environ, COLIBRI_TEMPLATES_DIR=str(broken_templates)))
+    assert res.returncode == 0, res.stderr[-3000:]
+    s = json.loads(res.stdout)
+    assert s["winner"]["knobs"]["fault"] == "none"
+    statuses = {}
+    for f in s["failed"]:
+        statuses.setdefault(f["vid"], set()).add(f["status"])
+    by_fault = {}
+    con = sqlite3.connect(s["store"])
+    for knobs, status, reason in con.execute("select knobs, status, reason from measurements"):
+        by_fault.setdefault(json.loads(knobs)["fault"], set()).add(status)
+    assert by_fault["none"] == {"ok"}
+    assert by_fault["compile"] == {"compile_error"}
+    assert by_fault["crash"] == {"crash"}
+    assert by_fault["hang"] == {"timeout"}
+    assert by_fault["wrong"] == {"wrong"}
+    assert by_fault["oob_scratch"] == by_fault["oob_out"] == {"wrong"}
+    assert by_fault["leak"] == {"leak"}
+    reasons = [r for (r,) in con.execute("select reason from measurements where status='compile_error'")]
+    assert any("error" in r for r in reasons), reasons
+    why = {json.loads(k)["fault"]: r for k, r in con.execute("select knobs, reason from measurements")}
+    assert why["oob_scratch"].startswith("out-of-bounds write: a kernel wrote past the scratch of "), why
+    assert why["oob_out"].startswith("out-of-bounds write: a kernel wrote 1 float(s) past the output"), why
+    assert why["wrong"].startswith("max relative error"), why
+    assert re.match(r"leaks \d+\.\d+ MB per 1000 calls", why["leak"]), why
+    # 16 KiB per kernel call, a few kernel calls per layer call
+    assert float(why["leak"].split()[1]) > 10, why
+    print(f"faults injected {len(by_fault) - 1}, all recorded: "
+          + "; ".join(f"{f}: {why.get(f, 'ok')[:70]}" for f in sorted(by_fault)))
+    emitted = Path(s["emitted"]["dir"])
+    assert (emitted / "config.h").exists() and (emitted / "libcolibri.so").exists()
+    assert "COLIBRI_KNOB_FAULT none" in (emitted / "config.h").read_text()
+    # the emitted library keeps the ISA promise, and the report names every failure
+    assert s["isa_check"]["ok"] is True, s["isa_check"]
+    assert s["report"]["errors"] == [] and Path(s["report"]["html"]).parent == tmp_path / "reports"
+    page = Path(s["report"]["html"]).read_text()
+    for status in ("compile_error", "crash", "timeout", "wrong"):
+        assert f"<td>{status}</td>" in page, status
+    assert page.count('<img src="data:image/png;base64,') == 4
+
+
+def _rows(store):
+    con = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+    try:
+        return {k: (st, med) for k, st, med in
+                con.execute("select key, status, median_s from measurements")}
+    except sqlite3.OperationalError:  # not created yet
+        return {}
+    finally:
+        con.close()
+
+
+def test_killed_run_resumes_without_losing_measurements_and_a_rerun_measures_nothing(tmp_path):
+    store = tmp_path / "store.sqlite"
+    args = ["--problem", "tiny/decode/f32", "--profile", "generic", "--strategy", "exhaustive",
+            "--quick", "--min-seconds", "0.05", "--no-bandwidth", "--build-dir",
+            str(tmp_path / "build"), "--store", str(store), "--report-dir",
+            str(tmp_path / "reports"), "--json"]
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "run", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if store.exists() and len(_rows(store)) >= 4:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, "the run ended before it could be killed: " + proc.stderr.read()[-2000:]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _rows(store)
+    assert len(before) >= 4
+
+    res = _run_in_subprocess(tmp_path, {}, args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s = json.loads(res.stdout)
+    after = _rows(store)
+    for k, v in before.items():
+        assert after.get(k) == v, f"measurement {k} lost or re-measured after the kill"
+    # one problem: one row per variant; the resumed run measured exactly the missing ones
+    # (a class's default may be another class's winner, evaluated again from the store)
+    assert s["measured_this_run"] == len(after) - len(before)
+    assert s["winner"] is not None
+
+    t0 = time.time()
+    res = _run_in_subprocess(tmp_path, {}, args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s2 = json.loads(res.stdout)
+    assert s2["measured_this_run"] == 0
+    assert _rows(store) == after
+    assert s2["winner"]["knobs"] == s["winner"]["knobs"]
+    assert time.time() - t0 < 60
+    # the emitted library is what the binding loads by default on this host
+    emitted = Path(s2["emitted"]["dir"])
+    assert {"config.h", "libcolibri.so", "manifest.json"} <= {p.name for p in emitted.iterdir()}
+    manifest = json.loads((emitted / "manifest.json").read_text())
+    assert manifest["knobs"] == s2["winner"]["knobs"] and manifest["summary"]["rows"]
+    assert manifest["isa_check"]["ok"] is True
+    assert (tmp_path / "reports" / "report.html").exists() and (tmp_path / "reports" / "report.md").exists()
+    res = subprocess.run([sys.executable, "-c", "from colibri._lib import default_library_path as d;"
+                          "print(d())"], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, COLIBRI_BUILD_DIR=str(tmp_path / "build")))
+    assert Path(res.stdout.strip()) == emitted / "libcolibri.so", res.stderr
+
+
+# ---------------------------------------------------------------- kills, locks, load
+
+def _space_args(faults) -> list[str]:
+    """--space pinning the decode knobs at generic's defaults, so that only `fault` varies:
+    the winner is then fault=none whatever the noise (slow is ~100x slower)."""
+    from colibri_build import profiles, render
+
+    prof = profiles.get_profile("generic")
+    d = render.resolve_knobs(render.load_knob_spec("expert_ffn"), prof.knobs, None, prof.kernel_isas)
+    pins = [f"--space={k}={d[k]}" for k in ("isa", "rows", "tok_block", "unroll", "prefetch_f32")]
+    return pins + [f"--space=fault={','.join(faults)}"]
+
+
+def _full_rows(store):
+    if not Path(store).exists():  # killed before the run created it
+        return {}
+    con = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+    try:
+        return {r[0]: tuple(r) for r in con.execute("select * from measurements")}
+    except sqlite3.OperationalError:
+        return {}
+    finally:
+        con.close()
+
+
+PHASES = ("probing", "building", "measuring", "emitting")
+
+
+def _phase_of(line: str) -> str | None:
+    line = re.sub(r"^\[ *\d+ s\] ", "", line)  # the run's elapsed-time prefix
+    if line.startswith("probing the host"):
+        return "probing"
+    if line.startswith(("building ", "[")):
+        return "building"
+    if line.startswith(("built ", "  ", "re-timing", "finalists unchanged")):
+        return "measuring"
+    if line.startswith("emitting:"):
+        return "emitting"
+    return None
+
+
+def _life(cmd, env, target: str, delay: float, store: Path):
+    """Start the run, wait for the target phase (or a later one), wait `delay`, snapshot the
+    committed rows from a reader and SIGKILL the run's process group. Returns (phase at
+    the kill, rows committed before it) or None when the run finished first."""
+    import threading
+
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    want = PHASES.index(target)
+    while proc.poll() is None:
+        phases = [p for p in map(_phase_of, list(lines)) if p]
+        if any(PHASES.index(p) >= want for p in phases):
+            break
+        time.sleep(0.02)
+    time.sleep(delay)
+    if proc.poll() is not None:
+        reader.join()
+        return None
+    rows = _full_rows(store)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    reader.join()
+    phase = next((p for p in map(_phase_of, reversed(lines)) if p), "probing")
+    return phase, rows
+
+
+def _tuned_set(build: Path):
+    """The published artifact set, checked complete; None before the first emit."""
+    pub = next((build / "tuned").glob("[!.]*"), None) if (build / "tuned").exists() else None
+    if pub is None:
+        return None
+    names = {p.name for p in pub.iterdir()}
+    assert {"config.h", "libcolibri.so", "manifest.json", "build_info.json"} <= names, names
+    manifest = json.loads((pub / "manifest.json").read_text())  # parses: not torn
+    config = (pub / "config.h").read_text()
+    assert config.endswith("#endif /* COLIBRI_CONFIG_H */\n"), "torn config.h"
+    json.loads((pub / "build_info.json").read_text())
+    assert manifest["signature"] in config
+    return manifest["knobs"], config
+
+
+def test_kill_9_at_20_random_points_loses_nothing_and_ends_as_an_uninterrupted_run(tmp_path):
+    import random
+
+    templates = make_broken_templates(tmp_path / "templates")
+    env = dict(os.environ, COLIBRI_TEMPLATES_DIR=str(templates))
+    build, store = tmp_path / "build", tmp_path / "store.sqlite"
+    common = ["--problem", "tiny/decode/f32", "--profile", "generic", "--strategy", "exhaustive",
+              "--quick", "--min-seconds", "0.2", "--no-bandwidth", "--threads", "1",
+              "--build-dir", str(build), "--json", *_space_args(["none", "slow", "wrong", "oob_out"])]
+    cmd = [sys.executable, "-m", "tuner", "run", *common, "--store", str(store)]
+    rng = random.Random(20240606)
+    plan = ([("probing", rng.uniform(0, 0.4)) for _ in range(4)]
+            + [("building", rng.uniform(0, 2.5)) for _ in range(5)]
+            + [("measuring", rng.uniform(0, 0.6)) for _ in range(8)]
+            + [("emitting", rng.uniform(0, 2.5)) for _ in range(5)])
+    kills, snapshots = [], []
+    for target, delay in plan:
+        got = _life(cmd, env, target, delay, store)
+        if got is None:
+            break
+        kills.append(got[0])
+        snapshots.append(got[1])
+        if store.exists():
+            con = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+            assert con.execute("pragma integrity_check").fetchone()[0] == "ok"
+            con.close()
+        _tuned_set(build)  # absent or complete, never torn or mixed
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    final = _full_rows(store)
+    lost = sum(1 for snap in snapshots for k, row in snap.items() if final.get(k) != row)
+    per_phase = {p: kills.count(p) for p in PHASES}
+    print(f"\nkill points {len(kills)} {per_phase}; rows committed before kills "
+          f"{sum(map(len, snapshots))} (max {max(map(len, snapshots))}); lost {lost}")
+    assert len(kills) >= 20 and lost == 0
+    assert sum(1 for p in PHASES if per_phase[p]) >= 3, per_phase
+    from tuner.store import Store
+
+    with Store(store, readonly=True) as st:
+        assert st.integrity_check() == "ok" and len(st) == len(final) == 4
+    knobs, config = _tuned_set(build)
+    # the same run uninterrupted, on a fresh store (variants already built)
+    ref_store = tmp_path / "ref.sqlite"
+    saved = config
+    res = subprocess.run([*cmd[:-2], "--store", str(ref_store)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ref = json.loads(res.stdout)
+    assert ref["winner"]["knobs"] == knobs and knobs["fault"] == "none"
+    ref_knobs, ref_config = _tuned_set(build)
+    assert ref_config == saved and ref_knobs == knobs
+    assert {(r[2], json.loads(r[3])["fault"], r[5]) for r in _full_rows(ref_store).values()} == \
+        {(r[2], json.loads(r[3])["fault"], r[5]) for r in final.values()}
+
+
+def _lock_holder(lock: Path) -> str:
+    try:
+        return lock.read_text().strip()
+    except OSError:
+        return ""
+
+
+def test_a_second_run_on_a_locked_store_refuses_or_waits_and_never_interleaves(tmp_path):
+    templates = make_broken_templates(tmp_path / "templates")
+    env = dict(os.environ, COLIBRI_TEMPLATES_DIR=str(templates))
+    store = tmp_path / "store.sqlite"
+    base = ["--problem", "tiny/decode/f32", "--profile", "generic", "--quick", "--min-seconds",
+            "0.02", "--no-bandwidth", "--threads", "1", "--no-emit", "--build-dir",
+            str(tmp_path / "build"), "--store", str(store)]
+    a = subprocess.Popen([sys.executable, "-m", "tuner", "run", *base,
+                          *_space_args(["none", "slow", "wrong"])], cwd=ROOT, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lock = Path(str(store) + ".lock")
+    deadline = time.time() + 120
+    while _lock_holder(lock) != str(a.pid) and time.time() < deadline and a.poll() is None:
+        time.sleep(0.05)
+    assert _lock_holder(lock) == str(a.pid)
+    b_args = [sys.executable, "-m", "tuner", "run", *base, *_space_args(["none", "oob_out"])]
+    refused = subprocess.run(b_args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 3
+    assert f"pid {a.pid}" in refused.stderr and "--wait" in refused.stderr, refused.stderr
+    timed = subprocess.run([*b_args, "--wait", "0.5"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert timed.returncode == 3 and "waited" in timed.stderr, timed.stderr
+    assert a.poll() is None, "the first run ended too soon for the test"
+    waited = subprocess.run([*b_args, "--wait"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=600)
+    a_err = a.stderr.read()
+    assert a.wait() == 0, a_err[-2000:]
+    assert waited.returncode == 0, waited.stderr[-2000:]
+    assert f"pid {a.pid}" in waited.stderr and "waiting for it" in waited.stderr
+    rows = sorted(_full_rows(store).values(), key=lambda r: r[-1])  # by created
+    faults = [json.loads(r[3])["fault"] for r in rows]
+    # A's three variants first, then B's one new variant (its "none" is A's row): no interleaving
+    assert sorted(faults[:3]) == ["none", "slow", "wrong"] and faults[3:] == ["oob_out"], faults
+
+
+def test_load_warning_names_the_threads_whose_timings_will_be_noisy():
+    from tuner.run import load_warning
+
+    assert load_warning(0.2, cpus=8, threads=8) is None        # an idle machine
+    assert load_warning(3.0, cpus=8, threads=4) is None        # 4 cores left free
+    w = load_warning(3.1, cpus=2, threads=2)
+    assert w and "3.10" in w and "at 2 threads will be noisy" in w
+    assert load_warning(5.0, cpus=8, threads=4) is not None
+
+
+def test_worker_memory_cap_holds_the_reference_weights_and_every_layer_copy():
+    # an int8 worker holds the f32 weights it verifies against (4x its own) and 3 copies
+    # of the layer on a 300 MiB LLC: a cap from the int8 bytes alone failed its mmap
+    from dataclasses import replace
+
+    from tuner.host.bandwidth import resident_copies
+    from tuner.measure.problems import problem
+    from tuner.measure.worker import memory_cap
+
+    llc = 300 << 20
+    for name in ("qwen3-30b-a3b/decode/int8", "qwen3-30b-a3b/decode/int4",
+                 "mixtral-8x7b/decode/f32"):
+        p = problem(name)
+        held = (replace(p, dtype="f32").layer_bytes
+                + (1 + resident_copies(p.layer_bytes, llc)) * p.layer_bytes)
+        assert memory_cap([p], llc) >= held + (2 << 30)
+    assert memory_cap([problem("tiny/decode/f32")], llc) == 4 << 30
