@@ -274,6 +274,16 @@ def group_rows(p, p_peer, per, bws, threads, copies) -> list[dict]:
     return rows
 
 
+MIN_RATIO = 0.98
+
+
+def _tuned_ratio(per: dict) -> float:
+    """Median over rounds of default/tuned seconds (inf without a tuned library)."""
+    if "colibri-tuned" not in per:
+        return float("inf")
+    return _median([a / b for a, b in zip(per["colibri-default"], per["colibri-tuned"])])
+
+
 def timed_rounds(libs, build, peers, xs, threads_list, rounds, min_seconds, bw_fn, per, bws) -> None:
     """`rounds` more interleaved rounds at each thread count, appended to per[threads].
     Where a library's layers sit in memory moves its speed by several percent (the set
@@ -294,10 +304,17 @@ def timed_rounds(libs, build, peers, xs, threads_list, rounds, min_seconds, bw_f
 
 def measure_group(name, libs, build, peers, xs, threads_list, rounds, min_seconds, bw_fn, say):
     """(per, bws) of one problem: per[threads][impl] seconds per round, bws[threads] read
-    bandwidth per round."""
+    bandwidth per round. A tuned row whose median ratio reads below MIN_RATIO gets twice
+    the rounds more (the libraries only), pooled with the first: a few rounds on all
+    threads do not resolve 2% (README, "How the tuner decides")."""
     per = {th: {} for th in threads_list}
     bws = {th: [] for th in threads_list}
     timed_rounds(libs, build, peers, xs, threads_list, rounds, min_seconds, bw_fn, per, bws)
+    slow = [th for th in threads_list if _tuned_ratio(per[th]) < MIN_RATIO]
+    if slow:
+        say(f"bench: {name} at {', '.join(map(str, slow))} thread(s): tuned/default below "
+            f"{MIN_RATIO} over {rounds} rounds; {2 * rounds} more rounds")
+        timed_rounds(libs, build, {}, xs, slow, 2 * rounds, min_seconds, bw_fn, per, bws)
     return per, bws
 
 

@@ -52,3 +52,29 @@ def test_rounds_rotate_which_implementation_goes_first():
     assert all(sorted(o) == sorted(names) for o in orders)
     assert round_order(names, 4) == names and round_order([], 3) == []
 
+
+def test_a_tuned_row_below_the_line_gets_more_rounds_pooled(monkeypatch):
+    """Timings injected: the tuned library 3% slower at 2 threads only. That group gets
+    2x the rounds more (libraries only, both placements), pooled; 1 thread keeps its 4."""
+    from colibri_bench import bench
+
+    speed = {("colibri-default", 1): 1.0, ("colibri-tuned", 1): 0.9,
+             ("colibri-default", 2): 1.0, ("colibri-tuned", 2): 1.03}
+    builds = []
+
+    def build(name):
+        builds.append(name)
+        return [name]
+
+    monkeypatch.setattr(bench, "time_colibri", lambda layers, xs, th, s: speed[(layers[0], th)])
+    monkeypatch.setattr(bench, "time_python", lambda fn, xs, s: 2.0)
+    libs = {"colibri-default": "d.so", "colibri-tuned": "t.so"}
+    said = []
+    per, bws = bench.measure_group("tiny/prefill8/f32", libs, build, {"numpy": None}, None, [1, 2],
+                                   4, 0.1, lambda th: 10.0, said.append)
+    assert [len(per[1][n]) for n in ("colibri-default", "colibri-tuned", "numpy")] == [4, 4, 4]
+    assert [len(per[2][n]) for n in ("colibri-default", "colibri-tuned", "numpy")] == [12, 12, 4]
+    assert len(said) == 1 and "2 thread(s)" in said[0] and "8 more rounds" in said[0]
+    # each pass builds both libraries twice, in opposite orders
+    assert builds == ["colibri-default", "colibri-tuned", "colibri-tuned", "colibri-default"] * 2
+    assert bench._tuned_ratio(per[2]) < bench.MIN_RATIO < bench._tuned_ratio(per[1])
