@@ -30,7 +30,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from colibri_build import render
+from colibri_build import paths, render
 
 # Register classes counted per architecture: name -> operand pattern.
 REGISTER_CLASSES = {
@@ -79,12 +79,12 @@ class IsaCheck:
 
 
 def kernel_prefixes(templates_dir: str | Path | None = None) -> tuple[str, ...]:
-    """Names of the functions the kernel templates define, as symbol prefixes.
-
-    A templated name such as `dot_{{ dt }}_...` contributes its literal head (`dot_`)."""
+    """Names of the functions the kernel templates and their partials define, as symbol
+    prefixes. A templated name such as `dot_{{ dt }}_...` contributes its literal head
+    (`dot_`)."""
     tdir = Path(templates_dir or render.TEMPLATES_DIR)
     names = set(KERNEL_PREFIXES)
-    for path in sorted(tdir.glob(f"*{render.TEMPLATE_SUFFIX}")):
+    for path in sorted(tdir.glob(f"*{render.TEMPLATE_SUFFIX}")) + paths.partials(tdir):
         names.update(m.group(1) for m in _FUNC_DEF.finditer(path.read_text()))
     return tuple(sorted(names))
 
