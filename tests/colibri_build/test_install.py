@@ -44,6 +44,8 @@ def installed(tmp_path_factory):
             src.mkdir(exist_ok=True)
             shutil.copy2(p, src / name)
     target = base / "site"
+    # no build isolation: the build uses the setuptools and wheel of the test extra, and
+    # needs no package index
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                         "--no-build-isolation", "--target", str(target), str(src)],
                        capture_output=True, text=True, timeout=600)
