@@ -287,6 +287,18 @@ def test_malformed_inputs_are_named_not_crashed(tmp_path):
     assert "Missing inputs" in page and "NOT CHECKED" in page and res["errors"] == []
 
 
+def test_without_the_plotting_extra_the_page_says_so_and_is_complete(tmp_path, monkeypatch):
+    def no_matplotlib(inp):
+        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+
+    monkeypatch.setattr(report, "PLOTS", tuple((n, t, c, no_matplotlib) for n, t, c, _ in report.PLOTS))
+    res = report.write_report(STORE, tmp_path / "none", tmp_path / "out")
+    assert res["errors"] == []  # an optional extra missing is not a failed report
+    page = res["html"].read_text()
+    assert "matplotlib is not installed" in page and "colibri-moe[tune]" in page
+    assert len(_imgs(page)) == 0
+
+
 def test_a_plot_that_fails_is_reported_and_the_rest_is_written(tmp_path, monkeypatch):
     def broken(inp):
         raise ValueError("matplotlib exploded")
