@@ -24,25 +24,23 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, low: int) -> int:
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+        v = low - 1
+    if v < low:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}")
     return v
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
 
 
 def count(text: str) -> int:
     """A whole number >= 0."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return v
+    return _int_at_least(text, 0)
 
 
 def _finite(text: str) -> float:

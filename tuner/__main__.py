@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", metavar="DIR", help="where the report goes "
                    "(default: reports/<host-id>)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--wait", nargs="?", type=cli.seconds, const=True, metavar="SECONDS",
+    p.add_argument("--wait", nargs="?", type=_cli.non_negative_float, const=True, metavar="SECONDS",
                    help="when another run holds the results store, wait for it (at most "
                    "SECONDS when given) instead of exiting with status 3")
     p.set_defaults(func=_cmd_run)

@@ -25,16 +25,6 @@ def plain_log(stream=None):
     return say
 
 
-def seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"seconds must be finite and >= 0, got {text!r}")
-    return v
-
-
 def add_run_options(p: argparse.ArgumentParser) -> None:
     """The options of a tuning run, shared by `run` and `ci`."""
     p.add_argument("--quick", action="store_true",
