@@ -18,9 +18,16 @@ that many copies of the layer, as a model's layers follow each other, so its wei
 come from memory as they would in a model (`layer_copies` in the JSON). Colibri is timed
 inside C; NumPy and PyTorch by wall clock around each call, with their thread pools
 pinned to the same thread count. GB/s counts the weight bytes a decode token streams
-(k experts with their scales, the shared expert, the router); the bound is those
-bytes over the read bandwidth measured at the same thread count. Prefill is
-compute work: its figure is GFLOP/s. NumPy and PyTorch always run on the f32 weights
+(k experts with their scales, the shared expert, the router).
+
+The roof of a row is its roofline time, max(bytes / read bandwidth, flops / compute
+peak): the bytes of the experts the inputs' routing reaches (with their scales, the
+shared expert and the router), over the read bandwidth measured in the same rounds at
+the same thread count, and the call's flops over the fastest unit that can compute
+the row's weight dtype, measured once at the start (tuner.host.peak: f32 FMA, bf16
+and int8 dots, AMX; its roof_gops says which unit counts for which dtype). "% roof" is
+roof time over measured time: for decode that is the share of the read bandwidth, for
+prefill of whichever bound is higher ("roof by" names it). Prefill's figure is GFLOP/s. NumPy and PyTorch always run on the f32 weights
 (neither has a bf16/int8/int4 matmul a user would reach for), so "vs numpy" on a
 bf16 row is what switching from NumPy f32 to Colibri bf16 buys.
 """
@@ -227,6 +234,32 @@ def _bytes_per_token(p) -> int | None:
     return p.decode_bytes if p.T == 1 else None
 
 
+def experts_reached(p, router, xs) -> float:
+    """Mean over the inputs of how many distinct routed experts one call reaches (the
+    layer's top-k of the router logits; softmax keeps their order)."""
+    counts = []
+    for x in xs:
+        top = np.argpartition(-(x @ router.T), p.k - 1, axis=1)[:, :p.k]
+        counts.append(len(np.unique(top)))
+    return float(np.mean(counts))
+
+
+def roof(p, reached, bw, peaks, threads) -> dict:
+    """The row's roofline: seconds per call of memory (the reached experts' bytes with
+    the shared expert and router, over read bandwidth bw GB/s) and of compute (flops over
+    the dtype's best unit in `peaks`), the larger, and which one it is."""
+    from tuner.host.peak import roof_gops
+    nbytes = reached * p.expert_bytes + p.shared_bytes + p.E * p.H * 4
+    mem = nbytes / (bw * 1e9) if bw else None
+    unit = roof_gops(peaks, p.dtype, threads) if peaks else None
+    comp = p.flops / (unit[0] * 1e9) if unit else None
+    if mem is None and comp is None:
+        return {"roof_seconds": None, "roof_by": None}
+    if comp is None or (mem is not None and mem >= comp):
+        return {"roof_seconds": mem, "roof_by": "read bw"}
+    return {"roof_seconds": comp, "roof_by": unit[1]}
+
+
 def time_rounds(layers, peers, xs, threads, rounds, min_seconds, bw_fn, per, bws, first=0) -> None:
     """Rounds first .. first+rounds-1 of one (problem, threads) group, appended to per[name]
     (seconds per round) and bws (read bandwidth per round)."""
@@ -246,8 +279,9 @@ def time_rounds(layers, peers, xs, threads, rounds, min_seconds, bw_fn, per, bws
                     per.setdefault(name, []).append(time_python(peers[name], xs, min_seconds))
 
 
-def group_rows(p, p_peer, per, bws, threads, copies) -> list[dict]:
-    """One row per implementation of a (problem, threads) group from its rounds."""
+def group_rows(p, p_peer, per, bws, threads, copies, reached=None, peaks=None) -> list[dict]:
+    """One row per implementation of a (problem, threads) group from its rounds; reached
+    (experts_reached) and peaks (tuner.host.peak.measure) give its roofline."""
     bw = _median(bws) if bws else None
     rows = []
     for name, ts in per.items():
@@ -260,13 +294,17 @@ def group_rows(p, p_peer, per, bws, threads, copies) -> list[dict]:
                 return None
             return _median([a / b for a, b in zip(per[peer], ts)])
         gbps = nbytes / t / 1e9 if nbytes else None
+        rf = roof(p_peer if peer_row else p, reached if reached is not None else p.k, bw, peaks,
+                  threads)
         rows.append({
             "case": p.name, "threads": threads, "impl": name, "rounds": len(ts),
             "weights": p_peer.dtype if peer_row else p.dtype,
             "seconds": t, "ms_per_token": t / p.T * 1e3, "round_seconds": ts,
             "gbps": gbps, "read_bw_gbps": bw,
-            "bound_ms_per_token": nbytes / bw / 1e6 if nbytes and bw else None,
-            "pct_of_bound": 100 * gbps / bw if gbps and bw else None,
+            "roof_ms_per_token": rf["roof_seconds"] / p.T * 1e3 if rf["roof_seconds"] else None,
+            "pct_of_roof": 100 * rf["roof_seconds"] / t if rf["roof_seconds"] else None,
+            "roof_by": rf["roof_by"],
+            "pct_of_read_bw": 100 * gbps / bw if gbps and bw else None,
             "gflops": p.flops / t / 1e9,
             "layer_copies": None if peer_row else copies[name],
             "vs_numpy": ratio("numpy"), "vs_torch": ratio("torch"),
@@ -332,6 +370,7 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
     llc = _llc_total_here()
     bw_bytes = working_set_bytes(llc)[0]
     bw_fn = lambda threads: read_bandwidth(lib, threads, bw_bytes, min_seconds=0.15)
+    peaks = compute_peaks(libs["colibri-default"], threads_list, say)
     if "torch" in peers and _torch() is None:
         say("bench: PyTorch is not installed: its column is skipped "
             "(pip install torch to compare against it)")
@@ -343,6 +382,7 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
             weights.ensure(wdir, p32, seed, progress=say)
             w32 = weights.load(wdir, p32, seed)
             xs = _inputs(p32, max(2, min(64, 2048 // p32.T)), seed + 1)
+            reached = experts_reached(p32, w32["router"], xs)
             peer_fns = {}
             if "numpy" in peers:
                 peer_fns["numpy"] = lambda x, w=w32, p=p32: numpy_layer(x, w, p)
@@ -364,7 +404,7 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                                          min_seconds, bw_fn, say)
                 for threads in threads_list:
                     for r in group_rows(p, p32, per[threads], bws[threads], threads,
-                                        {name: copies for name in libs}):
+                                        {name: copies for name in libs}, reached, peaks):
                         rows.append(r)
                         say(_fmt(r))
         p = problems_mod.problem(f"{shape}/prefill{ROUTE_T}/f32")
@@ -379,14 +419,30 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
     return {"host_id": hostid.host_id(), "profile": profile,
             "libs": {k: str(v) for k, v in libs.items()}, "amx": amx,
             "blas_env": {k: os.environ.get(k) for k in BLAS_ENV}, "blas": blas_info(),
-            "rounds": rounds, "min_seconds": min_seconds,
+            "rounds": rounds, "min_seconds": min_seconds, "compute_peaks": peaks,
             "rows": rows, "routing": route_rows,
             "torch": getattr(_torch(), "__version__", None), "created": time.time()}
 
 
+def compute_peaks(lib_path, threads_list, say) -> dict | None:
+    """tuner.host.peak.measure at the bench's thread counts, or None (said) where the
+    library cannot run it: the rows then have a bandwidth roof only."""
+    from tuner.host import peak
+    try:
+        peaks = peak.measure(threads=threads_list, lib=str(lib_path), min_seconds=0.2)
+    except (peak.PeakError, OSError) as e:
+        say(f"bench: compute peaks not measured ({e}): roofs are bandwidth only")
+        return None
+    say("bench: compute peaks (GOP/s) " + "; ".join(
+        f"{kind} " + ", ".join(f"{t} thr {g:.0f}" for t, g in peaks[kind].items())
+        for kind in peak.KINDS if kind in peaks)
+        + "".join(f"; {kind}: {why}" for kind, why in peaks["reasons"].items()))
+    return peaks
+
+
 HEADER = (f"{'case':34} {'thr':>3} {'impl':15} {'ms/token':>9} {'GB/s':>6} {'bw GB/s':>7} "
-          f"{'bound ms':>8} {'% bound':>7} {'GFLOP/s':>8} {'vs numpy':>8} {'vs torch':>8} "
-          f"{'tuned/def':>9}")
+          f"{'roof ms':>8} {'% roof':>6} {'roof by':>8} {'GFLOP/s':>8} {'vs numpy':>8} "
+          f"{'vs torch':>8} {'tuned/def':>9}")
 
 
 def _f(v, spec):
@@ -396,7 +452,8 @@ def _f(v, spec):
 def _fmt(r):
     return (f"{r['case']:34} {r['threads']:>3} {r['impl']:15} {r['ms_per_token']:9.3f} "
             f"{_f(r['gbps'], '.1f'):>6} {_f(r['read_bw_gbps'], '.1f'):>7} "
-            f"{_f(r['bound_ms_per_token'], '.3f'):>8} {_f(r['pct_of_bound'], '.1f'):>7} "
+            f"{_f(r['roof_ms_per_token'], '.3f'):>8} {_f(r['pct_of_roof'], '.1f'):>6} "
+            f"{_f(r['roof_by'], '').replace('read bw', 'bw'):>8} "
             f"{r['gflops']:8.1f} {_f(r['vs_numpy'], '.2f'):>8} {_f(r['vs_torch'], '.2f'):>8} "
             f"{_f(r['tuned_vs_default'], '.3f'):>9}")
 

@@ -240,6 +240,33 @@ int colibri_membw_run(int kind, size_t bytes, int n_threads, double min_seconds,
                       colibri_membw_result *out);
 /* The same, returning only the median GB/s. */
 int colibri_membw(int kind, size_t bytes, int n_threads, double min_seconds, double *gbps_out);
+/* ---- compute peaks (peak.c; the host probe's roofline figures) ---- */
+typedef enum {
+    COLIBRI_PEAK_F32_FMA = 0,   /* f32 fused multiply-add on the widest vectors */
+    COLIBRI_PEAK_BF16_DOT = 1,  /* vdpbf16ps (AVX512_BF16) */
+    COLIBRI_PEAK_INT8_DOT = 2,  /* vpdpbusd (AVX512_VNNI, else AVX-VNNI) */
+    COLIBRI_PEAK_AMX_BF16 = 3,  /* tdpbf16ps */
+    COLIBRI_PEAK_AMX_INT8 = 4   /* tdpbssd */
+} colibri_peak_kind;
+
+typedef struct {
+    int kind;               /* colibri_peak_kind */
+    int n_threads;          /* OpenMP threads that ran */
+    double ops_per_pass;    /* operations of one pass, all threads (a multiply-add is 2) */
+    int passes;             /* timed passes (after one warm-up pass) */
+    double gops_median;     /* the figure to use: median pass, 1e9 operations/s */
+    double gops_best;       /* fastest pass */
+    double gops_worst;      /* slowest pass */
+    double seconds_timed;   /* sum of the timed passes */
+    double checksum;        /* keeps the results live */
+    char instruction[48];   /* what was timed, e.g. "vdpbf16ps zmm" */
+} colibri_peak_result;
+
+/* Times a register-resident loop of one instruction kind on n_threads OpenMP threads
+ * (0 = default) for at least min_seconds of timed passes. A kind this build or host
+ * cannot run (no such instruction in the flags, AMX not granted) is COLIBRI_ERR_INVALID
+ * with the reason in colibri_last_error(). */
+int colibri_peak_run(int kind, int n_threads, double min_seconds, colibri_peak_result *out);
 /* CFFI-END */
 
 #ifdef __cplusplus

@@ -51,6 +51,9 @@ int cb_route_config_check(const colibri_route_config *cfg, int n_experts);
 /* Releases what colibri_layer_create/loader allocated for a layer (not the struct's mapping). */
 void cb_layer_destroy(colibri_layer *layer);
 
+/* Whether Linux grants this process the AMX tile state (asks once; amx_perm.c). */
+int cb_amx_granted(void);
+
 /* CRC-32 (ISO-HDLC, zlib's polynomial), continuing from crc (start with 0). */
 uint32_t cb_crc32(uint32_t crc, const void *data, size_t n);
 

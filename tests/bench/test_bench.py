@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,14 +34,22 @@ def test_bench_runs_and_writes_json(tmp_path):
         assert r["seconds"] > 0 and r["gflops"] > 0 and len(r["round_seconds"]) == want
         assert r["rounds"] == want
         if "/decode/" in r["case"]:
-            assert r["gbps"] > 0 and r["read_bw_gbps"] > 0 and r["pct_of_bound"] > 0
+            assert r["gbps"] > 0 and r["read_bw_gbps"] > 0 and r["pct_of_read_bw"] > 0
+            assert r["roof_by"] == "read bw"  # decode's roof is its weight stream
+        # every row has a roofline: its time bound, the measured share of it and its unit
+        assert r["roof_ms_per_token"] > 0 and r["pct_of_roof"] > 0 and r["roof_by"]
+        assert r["pct_of_roof"] == pytest.approx(100 * r["roof_ms_per_token"] / r["ms_per_token"])
         if r["impl"].startswith("colibri"):
             assert r["vs_numpy"] > 0
         else:
             assert r["weights"] == "f32"  # the peers always run the f32 weights
     # a byte bound per dtype: int4 streams fewer bytes than int8, int8 fewer than f32
-    bound = {r["case"]: r["bound_ms_per_token"] for r in data["rows"] if r["impl"] == "colibri-default"}
+    bound = {r["case"]: r["roof_ms_per_token"] for r in data["rows"] if r["impl"] == "colibri-default"}
     assert bound["tiny/decode/int4"] < bound["tiny/decode/int8"] < bound["tiny/decode/f32"]
+    # the compute peaks the prefill roofs used, measured in the same run
+    peaks = data["compute_peaks"]
+    assert peaks["f32_fma"]["1"] > 0
+    assert "compute peaks (GOP/s) f32_fma 1 thr" in res.stdout
     # whether each library runs its f32/bf16 gemm on AMX tiles, as the library says
     from colibri._lib import open_library
 
@@ -86,3 +96,25 @@ def test_a_tuned_row_below_the_line_gets_more_rounds_pooled(monkeypatch):
     # each pass builds both libraries twice, in opposite orders
     assert builds == ["colibri-default", "colibri-tuned", "colibri-tuned", "colibri-default"] * 2
     assert bench._tuned_ratio(per[2]) < bench.MIN_RATIO < bench._tuned_ratio(per[1])
+
+
+def test_roof_is_the_larger_of_memory_and_compute():
+    """Injected figures: a prefill problem whose flops over the dtype's best unit exceed
+    its bytes over the bandwidth is compute-bound, named by that unit; without peaks the
+    roof is the bandwidth's."""
+    from colibri_bench.bench import roof
+    from tuner.measure import problems
+
+    p = problems.problem("mixtral-8x7b/prefill512/bf16")
+    peaks = {"f32_fma": {"2": 500.0}, "bf16_dot": {"2": 1000.0}, "int8_dot": {"2": 1050.0}}
+    r = roof(p, p.E, 50.0, peaks, 2)
+    assert r["roof_by"] == "bf16_dot" and r["roof_seconds"] == pytest.approx(p.flops / 1e12)
+    mem = (p.E * p.expert_bytes + p.E * p.H * 4) / 50e9
+    assert roof(p, p.E, 50.0, None, 2) == {"roof_seconds": pytest.approx(mem), "roof_by": "read bw"}
+    # f32 on the FMA; int4 on the int8 dot, the fastest unit that computes it
+    assert roof(problems.problem("mixtral-8x7b/prefill512/f32"), p.E, 50.0, peaks, 2)["roof_by"] == "f32_fma"
+    assert roof(problems.problem("mixtral-8x7b/prefill512/int4"), p.E, 50.0, peaks, 2)["roof_by"] == "int8_dot"
+    # decode: one token's k experts over the bandwidth
+    d = problems.problem("mixtral-8x7b/decode/int4")
+    assert roof(d, d.k, 50.0, peaks, 2) == {"roof_seconds": pytest.approx(d.decode_bytes / 50e9),
+                                            "roof_by": "read bw"}

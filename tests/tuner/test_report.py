@@ -87,8 +87,12 @@ def write_bench(path: Path) -> None:
     for impl, s in (("colibri-default", 0.012), ("colibri-tuned", 0.0098), ("numpy", 0.05)):
         rows.append({"case": DECODE, "threads": 2, "impl": impl, "seconds": s,
                      "ms_per_token": s * 1e3, "gbps": 0.151 / s, "read_bw_gbps": 19.0,
-                     "pct_of_bound": 100 * 0.151 / s / 19.0, "gflops": 7.0, "vs_numpy": 0.05 / s,
-                     "vs_torch": None})
+                     "pct_of_roof": 100 * 0.151 / s / 19.0, "roof_by": "read bw",
+                     "gflops": 7.0, "vs_numpy": 0.05 / s, "vs_torch": None})
+        rows.append({"case": "tiny/prefill16/f32", "threads": 2, "impl": impl, "seconds": 4 * s,
+                     "ms_per_token": s * 250, "gbps": None, "read_bw_gbps": 19.0,
+                     "pct_of_roof": 100 * 0.002 / s, "roof_by": "f32_fma", "gflops": 40.0,
+                     "vs_numpy": 0.05 / s, "vs_torch": None})
     path.write_text(json.dumps({"host_id": "x", "rows": rows}))
 
 
@@ -117,7 +121,7 @@ def test_every_plot_is_embedded_as_a_png(full):
     res, page = full["res"], full["html"]
     assert res["errors"] == []
     srcs = _imgs(page)
-    assert len(srcs) == len(report.PLOTS) == 4
+    assert len(srcs) == len(report.PLOTS) == 5
     for src in srcs:
         assert src.startswith("data:image/png;base64,")
         assert base64.b64decode(src.split(",", 1)[1]).startswith(PNG_MAGIC)
@@ -521,7 +525,7 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not in
 @needs_chromium
 def test_page_loads_in_chromium_with_every_image_and_no_errors(full, tmp_path):
     out = browser_check(full["res"]["html"], tmp_path)
-    assert len(out["imgs"]) == 4
+    assert len(out["imgs"]) == 5
     assert all(i["ok"] and i["w"] > 0 for i in out["imgs"]), out
     assert out["errs"] == [] and out["console"] == [], out
 
@@ -533,7 +537,7 @@ def test_browser_check_catches_a_broken_image(full, tmp_path):
     broken = tmp_path / "broken.html"
     broken.write_text(page.replace(first, "data:image/png;base64,iVBORw0KGgoAAAAbroken", 1))
     out = browser_check(broken, tmp_path)
-    assert [i["ok"] for i in out["imgs"]] == [False, True, True, True]
+    assert [i["ok"] for i in out["imgs"]] == [False] + [True] * (len(report.PLOTS) - 1)
     assert any("load failed: IMG" in e for e in out["errs"])
 
 

@@ -30,7 +30,7 @@ from tuner.build.signature import BuildIdentity
 HOST_FIELDS = ("host_id", "fingerprint", "vendor", "model_name", "arch", "microarchitecture",
                "microarchitecture_source", "microarchitecture_reason", "isa", "cores", "threads",
                "sockets", "caches", "llc_total_bytes", "numa", "hugepages", "bandwidth",
-               "bandwidth_reason", "memory_channels", "memory_channels_reason",
+               "bandwidth_reason", "compute", "compute_reason", "memory_channels", "memory_channels_reason",
                "memory_total_bytes", "compilers", "profile", "profile_reason")
 
 ARTIFACTS = ("config.h", "libcolibri.so", "build_info.json", "manifest.json", "colibri_dump_schema")

@@ -102,39 +102,40 @@ def _llc_total_here() -> int | None:
 SYMBOL = "colibri_membw_run"
 
 
-def _has_symbol(path: Path) -> bool:
-    """Whether the library file exports the bandwidth kernels (a cheap look at its
-    dynamic string table, before it is loaded: a loaded library cannot be reloaded)."""
+def _has_symbol(path: Path, symbol: str = SYMBOL) -> bool:
+    """Whether the library file exports `symbol` (a cheap look at its dynamic string
+    table, before it is loaded: a loaded library cannot be reloaded)."""
     try:
-        return SYMBOL.encode() + b"\0" in path.read_bytes()
+        return symbol.encode() + b"\0" in path.read_bytes()
     except OSError:
         return False
 
 
-def default_library() -> Path:
+def default_library(symbol: str = SYMBOL) -> Path:
     """This host's default library (colibri._lib.default_library_path: $COLIBRI_LIB,
-    the tuned one, else build/<profile>/), rebuilt with scons when it predates membw.c."""
+    the tuned one, else build/<profile>/), rebuilt with scons when it predates the
+    kernel that exports `symbol` (membw.c, peak.c)."""
     from colibri import _lib
     from colibri_build import hostid
     path = Path(_lib.default_library_path())
-    if _has_symbol(path):
+    if _has_symbol(path, symbol):
         return path
     if os.environ.get("COLIBRI_LIB"):
-        raise BandwidthError(f"$COLIBRI_LIB={path} has no {SYMBOL}; unset it or rebuild that library")
-    # The tuned library or the profile's build is older than kernels/membw.c: bring the
+        raise BandwidthError(f"$COLIBRI_LIB={path} has no {symbol}; unset it or rebuild that library")
+    # The tuned library or the profile's build is older than the kernel: bring the
     # profile's default build up to date (scons is incremental) and use that.
     return Path(_lib.build_profile(hostid.host_profile_name(), quiet=True))
 
 
-def _open(lib):
+def open_probe_library(lib, symbol: str = SYMBOL):
     """(cffi library, path or None) from None (this host's default), a path, or a library."""
     from colibri import _lib
     if lib is None:
-        path = default_library()
+        path = default_library(symbol)
         handle = _lib.open_library(path)
-        if not hasattr(handle, SYMBOL):
+        if not hasattr(handle, symbol):
             raise BandwidthError(f"{path} was loaded by this process before it was rebuilt "
-                                 f"with {SYMBOL}; run again in a new process")
+                                 f"with {symbol}; run again in a new process")
         return handle, str(path)
     if isinstance(lib, (str, os.PathLike)):
         return _lib.open_library(lib), str(lib)
@@ -177,7 +178,7 @@ def measure(threads=None, lib=None, min_seconds: float = 0.3, *, bytes: int | No
     Runs one kernel at a time (never two at once), read before triad per count.
     """
     t_start = time.monotonic()
-    handle, path = _open(lib)
+    handle, path = open_probe_library(lib)
     if threads is None:
         threads = thread_ladder(os.cpu_count() or 1)
     threads = tuple(int(t) for t in threads)

@@ -1,6 +1,6 @@
 """`python -m tuner probe` and `python -m tuner profiles`.
 
-    python -m tuner probe [--json] [--no-bandwidth | --quick] [--threads 1,2,4]
+    python -m tuner probe [--json] [--no-bandwidth | --quick] [--no-compute] [--threads 1,2,4]
                           [--seconds S] [--root DIR] [-o FILE]
     python -m tuner profiles [--json] [--cc gcc|clang|PATH] [NAME ...]
 
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from colibri import _cli
 
-PROBE_HELP = "describe this host: CPU, caches, NUMA, huge pages, compilers, memory bandwidth"
+PROBE_HELP = ("describe this host: CPU, caches, NUMA, huge pages, compilers, memory bandwidth, "
+              "compute peaks")
 PROFILES_HELP = "list the target profiles, their flags here, and which one matches this host"
 
 
@@ -42,7 +43,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         threads = (1, n) if n > 1 else (1,)
     try:
         info = probe.probe(root=args.root, measure_bandwidth=not args.no_bandwidth,
-                           bandwidth_threads=threads, bandwidth_seconds=seconds)
+                           bandwidth_threads=threads, bandwidth_seconds=seconds,
+                           measure_compute=not args.no_compute)
     except (OSError, ValueError) as exc:
         print(f"probe: {exc}", file=sys.stderr)
         return 2
@@ -68,14 +70,17 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 def add_commands(sub) -> None:
     """Register `probe` and `profiles` on an argparse subparsers object."""
     p = sub.add_parser("probe", help=PROBE_HELP, description=PROBE_HELP + ". Measuring the "
-                       "bandwidth builds this host's default library if it is missing and "
-                       "takes a few seconds; --no-bandwidth skips it.")
+                       "bandwidth and the compute peaks builds this host's default library if "
+                       "it is missing and takes a few seconds; --no-bandwidth and --no-compute "
+                       "skip them.")
     p.add_argument("--json", action="store_true", help="print the HostInfo as JSON")
     bw = p.add_mutually_exclusive_group()
     bw.add_argument("--no-bandwidth", action="store_true",
                     help="do not measure memory bandwidth (bandwidth: null)")
     bw.add_argument("--quick", action="store_true",
-                    help="shorter bandwidth run: 1 and all threads, 0.1 s per figure")
+                    help="shorter run: 1 and all threads, 0.1 s per figure")
+    p.add_argument("--no-compute", action="store_true",
+                   help="do not measure the compute peaks (compute: null)")
     p.add_argument("--threads", type=_thread_list, default=None, metavar="N,N,...",
                    help="thread counts to measure (default 1, 2, 4, ... up to the CPU count)")
     p.add_argument("--seconds", type=_cli.positive_float, default=None, metavar="S",

@@ -18,6 +18,8 @@ Where each field comes from
   memory_total_bytes           psutil (real host) / proc/meminfo (recorded tree)
   compilers                    each of COMPILERS on PATH: path, family, version
   bandwidth                    tuner.host.bandwidth.measure(): read and triad GB/s
+  compute                      tuner.host.peak.measure(): GOP/s of the f32 FMA, bf16 and
+                               int8 dots and AMX tiles (the roofline's compute half)
   profile, host_id             colibri_build.profiles.match_host / colibri_build.hostid.host_id
   fingerprint                  sha256 of identity(): see there
 
@@ -90,6 +92,8 @@ class HostInfo:
     profile_reason: str
     host_id: str                    # tuner.hostid.host_id()
     fingerprint: str                # sha256 (16 hex) of identity()
+    compute: dict | None = None     # tuner.host.peak.measure() result: GOP/s per unit and threads
+    compute_reason: str | None = None  # why compute is None
 
     def to_dict(self) -> dict:
         """Plain JSON-ready dict (tuples become lists)."""
@@ -368,6 +372,7 @@ def _memory_total(root, is_host: bool) -> int | None:
 def probe(root: str | os.PathLike = "/", proc_cpuinfo: str | None = None,
           measure_bandwidth: bool = True, lib=None, *,
           bandwidth_threads=None, bandwidth_seconds: float = 0.3,
+          measure_compute: bool | None = None,
           dmidecode_text: str | None = None, detect_compilers: bool = True,
           registry=None) -> HostInfo:
     """Probe the machine under `root` (see the module docstring).
@@ -375,7 +380,9 @@ def probe(root: str | os.PathLike = "/", proc_cpuinfo: str | None = None,
     proc_cpuinfo: /proc/cpuinfo text (default: root/proc/cpuinfo, or this host's).
     measure_bandwidth: run the bandwidth kernels (real host only; a few seconds).
     lib: library for the kernels (None: this host's default, built if missing).
-    bandwidth_threads / bandwidth_seconds: passed to tuner.host.bandwidth.measure.
+    bandwidth_threads / bandwidth_seconds: passed to tuner.host.bandwidth.measure, and
+    to tuner.host.peak.measure (which takes two thirds of the seconds).
+    measure_compute: run the compute-peak kernels (default: as measure_bandwidth).
     dmidecode_text: `dmidecode -t memory` output to use instead of running it.
     detect_compilers: look up COMPILERS on PATH (they belong to this machine even
     when probing a recorded tree).
@@ -438,7 +445,25 @@ def probe(root: str | os.PathLike = "/", proc_cpuinfo: str | None = None,
     else:
         fields["bandwidth"], fields["bandwidth_reason"] = _measure(
             lib, bandwidth_threads, bandwidth_seconds, llc_total, topo)
+    if not (measure_bandwidth if measure_compute is None else measure_compute):
+        fields["compute_reason"] = "not measured (--no-compute)"
+    elif not is_host:
+        fields["compute_reason"] = "not measured: a recorded tree, not this machine"
+    else:
+        fields["compute"], fields["compute_reason"] = _measure_compute(
+            lib, bandwidth_threads, bandwidth_seconds, topo)
     return HostInfo(**fields)
+
+
+def _measure_compute(lib, threads, seconds, topo) -> tuple[dict | None, str | None]:
+    from tuner.host import bandwidth, peak
+    if threads is None:
+        threads = bandwidth.thread_ladder(topo["threads"] or os.cpu_count() or 1, topo["cores"])
+    try:
+        return peak.measure(threads=threads, lib=lib, min_seconds=seconds * 2 / 3), None
+    except Exception as exc:  # no compiler, failed build, old library: say so, keep probing
+        first = str(exc).strip().splitlines()
+        return None, f"compute peaks not measured: {type(exc).__name__}: {first[0] if first else ''}"
 
 
 def _measure(lib, threads, seconds, llc_total, topo) -> tuple[dict | None, str | None]:
@@ -511,6 +536,16 @@ def format_text(info: HostInfo) -> str:
             lines.append(f"              {row['threads']:>3} threads: read {r['gbps']:7.2f} "
                          f"({r['worst_gbps']:.1f}-{r['best_gbps']:.1f})  triad {tr['gbps']:7.2f} "
                          f"({tr['worst_gbps']:.1f}-{tr['best_gbps']:.1f}) GB/s")
+    cp = info.compute
+    if cp is None:
+        lines.append(f"compute       {info.compute_reason or 'not measured'}")
+    else:
+        lines.append("compute       GOP/s by threads (a multiply-add is 2), median pass")
+        for row in cp["runs"]:
+            lines.append(f"              {row['threads']:>3} threads: " + "  ".join(
+                f"{kind} {fig['gops']:.0f}" for kind, fig in row.items() if kind != "threads"))
+        for kind, why in cp.get("reasons", {}).items():
+            lines.append(f"              {kind}: {why}")
     lines.append(f"profile       {info.profile} ({info.profile_reason})")
     lines.append(f"host id       {info.host_id}")
     lines.append(f"fingerprint   {info.fingerprint}")

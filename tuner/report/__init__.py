@@ -451,6 +451,35 @@ def plot_default_vs_tuned(inp: Inputs):
     return fig, ""
 
 
+def plot_roofline(inp: Inputs):
+    """bench.json's rows as % of their roofline: decode against the read bandwidth,
+    prefill against max(bytes / bandwidth, flops / compute peak)."""
+    bench = [r for r in ((inp.bench or {}).get("rows") or [])
+             if r.get("pct_of_roof") and str(r.get("impl", "")).startswith("colibri")]
+    if not bench:
+        return None, "needs bench.json with roofline figures (python -m colibri_bench bench)"
+    panels = [(ph, [r for r in bench if ("/decode/" in r["case"]) == (ph == "decode")])
+              for ph in ("decode", "prefill")]
+    panels = [(ph, rows) for ph, rows in panels if rows]
+    fig, axes = _figure(len(panels), width=7.0)
+    for ax, (ph, rows) in zip(axes, panels):
+        cases = list(OrderedDict.fromkeys(f"{r['case']} t{r['threads']}" for r in rows))
+        impls = list(OrderedDict.fromkeys(r["impl"] for r in rows))
+        w = 0.8 / len(impls)
+        for j, impl in enumerate(impls):
+            ys = [next((r["pct_of_roof"] for r in rows if r["impl"] == impl
+                        and f"{r['case']} t{r['threads']}" == c), math.nan) for c in cases]
+            ax.barh([i - 0.4 + w * (j + 0.5) for i in range(len(cases))], ys, w, label=impl)
+        ax.axvline(100, color="k", ls="--", lw=1)
+        ax.set_yticks(range(len(cases)), cases, fontsize=6)
+        ax.invert_yaxis()
+        ax.set_xlabel("% of read bandwidth" if ph == "decode" else "% of roofline")
+        ax.set_title("decode: weight stream against the read bandwidth" if ph == "decode" else
+                     "prefill: against max(bytes / bandwidth, flops / compute peak)", fontsize=9)
+        ax.legend(fontsize=7)
+    return fig, ""
+
+
 PLOTS = (
     ("convergence", "Search convergence",
      "Best time so far against the number of variants evaluated, per kernel and problem "
@@ -468,6 +497,12 @@ PLOTS = (
      "Per problem, the profile's default variant and the tuned winner re-timed "
      "interleaved by `tuner run` (manifest); per case, `colibri_bench bench`'s figures.",
      plot_default_vs_tuned),
+    ("roofline", "Benchmark against the roofline",
+     "colibri_bench bench's rows as a share of their roofline: decode's weight stream "
+     "against the read bandwidth measured in the same rounds; prefill's time against "
+     "max(the reached experts' bytes / read bandwidth, flops / the compute peak of the "
+     "fastest unit for its weight dtype), the peaks measured at the start of the bench.",
+     plot_roofline),
 )
 
 
@@ -563,6 +598,13 @@ def host_summary(inp: Inputs) -> list[tuple[str, str]]:
         val, src = read_bandwidth(inp)
         add("read bandwidth", f"{val:.1f} GB/s ({src})" if val else
             (h.get("bandwidth_reason") or "not measured"))
+    cp = h.get("compute") or {}
+    if cp.get("runs"):
+        add("compute peaks (GOP/s, by threads)", "; ".join(
+            f"{kind} " + ", ".join(f"{t}: {g:.0f}" for t, g in cp[kind].items())
+            for kind in cp if isinstance(cp.get(kind), dict) and kind not in ("reasons",)))
+    elif h.get("compute_reason"):
+        add("compute peaks", h["compute_reason"])
     comp = man.get("compiler") or bi.get("compiler") or {}
     if comp:
         add("compiler", f"{comp.get('family')} {comp.get('version')} ({comp.get('path')})")
@@ -731,7 +773,7 @@ def context(inp: Inputs, plots: list[Plot], out_dir: Path) -> dict:
 # the keys the page shows of a run summary row (tuner/run.py) and of a bench.json row
 RUN_ROW_KEYS = ("problem", "class", "default_s", "tuned_s", "speedup", "gbps", "bw_fraction",
                 "gflops")
-BENCH_ROW_KEYS = ("case", "threads", "impl", "ms_per_token", "gbps", "pct_of_bound", "gflops",
+BENCH_ROW_KEYS = ("case", "threads", "impl", "ms_per_token", "gbps", "pct_of_roof", "gflops",
                   "vs_numpy", "vs_torch")
 
 
