@@ -11,30 +11,35 @@ from colibri_build import render
 
 # (isa, profile, decode rows, tok_block, unroll, prefetch, prefetch_int8, prefetch_int4,
 #  prefill rows, tok_block, unroll, prefetch, gemm rows, vecs, kc, min_tokens,
-#  int gemm rows, vecs, amx, amx_kc, amx_f32_min_tokens; see _knobs for the bf16 knobs): every value of each knob appears
+#  int gemm rows, vecs, amx, amx_kc, amx_f32_min_tokens, gemm_bf16_dot; see _knobs for the
+#  bf16 knobs): every value of each knob appears
 # at least once, the int gemm knobs each on a profile with a VNNI dot-product instruction
 # (without one, int experts take the dot kernels, which the other corners cover), and the
 # AMX knobs each on the profile that targets AMX (elsewhere amx=1 compiles to the AVX-512
 # gemm); the T=300 case's experts (~150 tokens) reach every f32 threshold
 CORNERS = [
-    ("scalar", "generic", 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 2, 1, 128, 4, 2, 1, 0, 256, 64),
-    ("scalar", "generic", 2, 2, 4, 512, 2048, 1024, 4, 4, 1, 2048, 3, 2, 256, 8, 3, 2, 0, 256, 64),
-    ("portable", "generic", 4, 2, 1, 2048, 4096, 2048, 2, 4, 2, 256, 4, 2, 512, 16, 4, 1, 0, 256, 64),
-    ("portable", "generic", 1, 2, 4, 512, 8192, 4096, 1, 2, 4, 512, 6, 1, 128, 32, 2, 2, 0, 256, 64),
-    ("avx2", "x86-64-v3", 2, 1, 4, 8192, 16384, 8192, 4, 2, 2, 1024, 2, 2, 256, 4, 3, 1, 1, 512, 64),
-    ("avx2", "sapphirerapids", 4, 2, 2, 2048, 8192, 2048, 2, 2, 4, 0, 3, 1, 512, 8, 2, 2, 1, 256, 64),
-    ("avx512", "icelake-server", 1, 2, 4, 8192, 16384, 8192, 1, 4, 4, 512, 6, 2, 128, 16, 3, 2, 1, 1024, 64),
-    ("avx512", "x86-64-v4", 4, 1, 2, 0, 0, 0, 4, 4, 1, 2048, 4, 1, 256, 4, 4, 1, 0, 512, 64),
-    ("avx512", "sapphirerapids", 2, 2, 2, 512, 4096, 1024, 2, 2, 1, 0, 2, 1, 512, 32, 4, 1, 1, 512, 16),
+    ("scalar", "generic", 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 2, 1, 128, 4, 2, 1, 0, 256, 64, 1),
+    ("scalar", "generic", 2, 2, 4, 512, 2048, 1024, 4, 4, 1, 2048, 3, 2, 256, 8, 3, 2, 0, 256, 64, 1),
+    ("portable", "generic", 4, 2, 1, 2048, 4096, 2048, 2, 4, 2, 256, 4, 2, 512, 16, 4, 1, 0, 256, 64, 1),
+    ("portable", "generic", 1, 2, 4, 512, 8192, 4096, 1, 2, 4, 512, 6, 1, 128, 32, 2, 2, 0, 256, 64, 1),
+    ("avx2", "x86-64-v3", 2, 1, 4, 8192, 16384, 8192, 4, 2, 2, 1024, 2, 2, 256, 4, 3, 1, 1, 512, 64, 0),
+    ("avx2", "sapphirerapids", 4, 2, 2, 2048, 8192, 2048, 2, 2, 4, 0, 3, 1, 512, 8, 2, 2, 1, 256, 64, 1),
+    ("avx512", "icelake-server", 1, 2, 4, 8192, 16384, 8192, 1, 4, 4, 512, 6, 2, 128, 16, 3, 2, 1, 1024, 64, 1),
+    ("avx512", "x86-64-v4", 4, 1, 2, 0, 0, 0, 4, 4, 1, 2048, 4, 1, 256, 4, 4, 1, 0, 512, 64, 0),
+    ("avx512", "sapphirerapids", 2, 2, 2, 512, 4096, 1024, 2, 2, 1, 0, 2, 1, 512, 32, 4, 1, 1, 512, 16, 1),
     # AMX tiles (f32/bf16 gemm): off, and each k-tile and f32 threshold, where AMX is built
-    ("avx512", "sapphirerapids", 4, 1, 1, 2048, 2048, 2048, 4, 1, 2, 256, 3, 2, 256, 16, 2, 1, 0, 1024, 64),
-    ("avx512", "sapphirerapids", 1, 1, 2, 0, 8192, 4096, 2, 4, 1, 1024, 4, 2, 128, 4, 3, 2, 1, 256, 32),
-    ("avx512", "sapphirerapids", 2, 2, 1, 8192, 0, 1024, 1, 2, 2, 0, 6, 1, 512, 8, 2, 2, 1, 1024, 128),
+    ("avx512", "sapphirerapids", 4, 1, 1, 2048, 2048, 2048, 4, 1, 2, 256, 3, 2, 256, 16, 2, 1, 0, 1024, 64, 0),
+    ("avx512", "sapphirerapids", 1, 1, 2, 0, 8192, 4096, 2, 4, 1, 1024, 4, 2, 128, 4, 3, 2, 1, 256, 32, 1),
+    ("avx512", "sapphirerapids", 2, 2, 1, 8192, 0, 1024, 1, 2, 2, 0, 6, 1, 512, 8, 2, 2, 1, 1024, 128, 1),
+    # the bf16 pair dot (gemm_bf16_dot) on and off where the target has AVX512_BF16 and AMX is not built
+    ("avx512", "zen5", 2, 1, 2, 512, 4096, 2048, 4, 2, 1, 512, 4, 2, 256, 8, 3, 2, 0, 512, 64, 1),
+    ("avx512", "zen4", 1, 2, 1, 2048, 0, 0, 2, 1, 2, 0, 6, 1, 128, 16, 2, 1, 0, 256, 32, 0),
+    ("avx512", "zen5", 4, 2, 2, 0, 2048, 1024, 1, 4, 4, 1024, 3, 2, 512, 4, 4, 1, 0, 1024, 16, 1),
 ]
 KNOBS = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "prefetch_int4",
          "prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch",
          "gemm_rows", "gemm_vecs", "gemm_kc", "gemm_min_tokens", "igemm_rows", "igemm_vecs",
-         "amx", "amx_kc", "amx_f32_min_tokens"]
+         "amx", "amx_kc", "amx_f32_min_tokens", "gemm_bf16_dot"]
 
 
 def _knobs(corner):
@@ -121,5 +126,8 @@ def test_corners_cover_every_knob_value():
         assert {k[name] for k in amx} == set(spec.knobs[name].values), name
     assert {k["amx_kc"] for k in amx if k["amx_f32"] or k["amx_bf16"]} == set(spec.knobs["amx_kc"].values)
     assert {(k["amx_f32"], k["amx_bf16"]) for k in amx} >= {(1, 0), (0, 1), (1, 1)}
+    # the bf16 pair dot, on profiles with AVX512_BF16 and no AMX (else bf16 takes the tiles)
+    bfdot = [_knobs(c) for c in CORNERS if c[1] in ("zen4", "zen5")]
+    assert {k["gemm_bf16_dot"] for k in bfdot} == set(spec.knobs["gemm_bf16_dot"].values)
     for c in CORNERS:
         render.validate_knobs(spec, _knobs(c))
