@@ -12,7 +12,7 @@ from colibri_build import render
 # (isa, profile, decode rows, tok_block, unroll, prefetch, prefetch_int8, prefetch_int4,
 #  prefill rows, tok_block, unroll, prefetch, gemm rows, vecs, kc, min_tokens,
 #  int gemm rows, vecs, amx, amx_kc, amx_f32_min_tokens, gemm_bf16_dot; see _knobs for the
-#  bf16 knobs): every value of each knob appears
+#  bf16, int8 and int4 knobs): every value of each knob appears
 # at least once, the int gemm knobs each on a profile with a VNNI dot-product instruction
 # (without one, int experts take the dot kernels, which the other corners cover), and the
 # AMX knobs each on the profile that targets AMX (elsewhere amx=1 compiles to the AVX-512
@@ -38,16 +38,20 @@ CORNERS = [
 ]
 KNOBS = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "prefetch_int4",
          "prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch",
-         "gemm_rows", "gemm_vecs", "gemm_kc", "gemm_min_tokens", "igemm_rows", "igemm_vecs",
+         "gemm_rows", "gemm_vecs", "gemm_kc", "gemm_min_tokens_f32", "igemm_rows", "igemm_vecs",
          "amx", "amx_kc", "amx_f32_min_tokens", "gemm_bf16_dot"]
 
 
 def _knobs(corner):
     """The corner's knob values. Its prefetch and amx columns drive both dtypes' knobs:
     f32 takes them as written, bf16 the next corner's prefetch and, on every other
-    corner, the opposite amx switch (so f32 and bf16 differ in some corners)."""
+    corner, the opposite amx switch (so f32 and bf16 differ in some corners). Its
+    min_tokens column is f32's gemm threshold; bf16, int8 and int4 take the next three
+    corners' (so one corner sends the dtypes' experts down different paths)."""
     k = dict(zip(KNOBS, corner[:1] + corner[2:]))
     i = CORNERS.index(corner)
+    for step, dt in enumerate(("bf16", "int8", "int4"), 1):
+        k[f"gemm_min_tokens_{dt}"] = CORNERS[(i + step) % len(CORNERS)][15]
     k["prefetch_f32"] = k.pop("prefetch")
     k["prefetch_bf16"] = CORNERS[(i + 1) % len(CORNERS)][5]
     amx = k.pop("amx")
@@ -117,8 +121,8 @@ def test_corners_cover_every_knob_value():
     for name in names:
         assert {_knobs(c)[name] for c in CORNERS} == set(spec.knobs[name].values), name
     # the int gemm knobs, on profiles whose ISA has a dot-product instruction
-    vnni = [_knobs(c) for c in CORNERS if c[1] in ("icelake-server", "sapphirerapids")]
-    for name in ("igemm_rows", "igemm_vecs"):
+    vnni = [_knobs(c) for c in CORNERS if c[1] in ("icelake-server", "sapphirerapids", "zen4", "zen5")]
+    for name in ("igemm_rows", "igemm_vecs", "gemm_min_tokens_int8", "gemm_min_tokens_int4"):
         assert {k[name] for k in vnni} == set(spec.knobs[name].values), name
     # the AMX knobs, where AMX is compiled in
     amx = [_knobs(c) for c in CORNERS if c[:2] == ("avx512", "sapphirerapids")]

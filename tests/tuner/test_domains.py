@@ -43,12 +43,19 @@ def test_knobs_that_serve_kernels_with_different_best_values_are_split():
         assert SPEC.knobs[b].domain.dtypes == (b.rsplit("_", 1)[1],)
     assert SPEC.knobs["prefetch_f32"].cls != SPEC.knobs["prefetch_bf16"].cls
     assert "prefetch" not in SPEC.knobs and "amx" not in SPEC.knobs
+    # the gemm threshold per dtype, each its own class (where the gemm starts to beat the
+    # prefill dot kernels differs by dtype: one shared knob kept a tie for all of them)
+    thresholds = [f"gemm_min_tokens_{dt}" for dt in ("f32", "bf16", "int8", "int4")]
+    assert "gemm_min_tokens" not in SPEC.knobs
+    for name in thresholds:
+        assert SPEC.knobs[name].domain.dtypes == (name.rsplit("_", 1)[1],)
+    assert len({SPEC.knobs[name].cls for name in thresholds}) == 4
 
 
 def test_a_class_domain_is_the_union_of_its_knobs():
     dom = SPEC.class_domain("decode")
     assert set(dom.dtypes) == {"f32", "bf16", "int8", "int4"} and dom.paths == ("decode",)
-    assert SPEC.class_domain("gemm_threshold").paths == ("prefill", "gemm")
+    assert SPEC.class_domain("gemm_threshold_bf16").paths == ("prefill", "gemm")
 
 
 def _spec_with(tmp_path, knob_yaml: str):
