@@ -18,7 +18,8 @@
  *      amx_bf16  tdpbf16ps on 16x32 by 32x16 tiles: 16384 per instruction
  *      amx_int8  tdpbssd on 16x64 by 64x16 tiles: 32768 per instruction
  *    A unit this build's flags do not enable, or AMX that Linux does not grant, is
- *    COLIBRI_ERR_INVALID with the reason in colibri_last_error(): no figure, never 0.
+ *    COLIBRI_ERR_INVALID with "peak: unavailable: <why>" in colibri_last_error(): no
+ *    figure, never 0 (tuner/host/peak.py tells it from other errors by that prefix).
  */
 #include <omp.h>
 #include <stdint.h>
@@ -260,7 +261,7 @@ int colibri_peak_run(int kind, int n_threads, double min_seconds, colibri_peak_r
     } else {
         loop = peak_loop(kind, &instr, &why);
     }
-    if (!loop) return cb_fail(COLIBRI_ERR_INVALID, "peak: %s", why);
+    if (!loop) return cb_fail(COLIBRI_ERR_INVALID, "peak: unavailable: %s", why);
     if (n_threads == 0) n_threads = omp_get_max_threads();
 
     double *times = malloc(sizeof(double) * CB_PEAK_MAX_PASSES);

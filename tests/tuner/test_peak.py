@@ -50,6 +50,8 @@ def test_every_unit_has_a_figure_or_a_reason(peak_lib):
         assert res["bf16_dot"]["1"] > 0 and res["runs"][0]["bf16_dot"]["instruction"] == "vdpbf16ps zmm"
     if "amx_tile" not in flags:
         assert "amx_bf16" in res["reasons"] and "amx_int8" in res["reasons"]
+        # the reason as the C side words it, without its "peak: unavailable: " prefix
+        assert "AMX" in res["reasons"]["amx_bf16"] and not res["reasons"]["amx_bf16"].startswith("peak")
 
 
 def test_bad_arguments_are_errors_not_crashes(peak_lib):
