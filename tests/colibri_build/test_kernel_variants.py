@@ -81,10 +81,13 @@ def _host_grants_amx():
 @pytest.fixture(scope="module")
 def cases():
     # the third: an expert with > 128 tokens (two token chunks of the gemm path), more rows
-    # than one row chunk and more columns than one k-tile
+    # than one row chunk and more columns than one k-tile; the fourth: every token on one
+    # expert; the fifth: most experts with one token or none, beside a few with more
     return [make_case(H=67, I=45, E=8, k=3, S=21, gated=True, seed=1),
             make_case(H=130, I=64, E=5, k=2, scoring="softmax_topk", seed=2),
-            make_case(H=300, I=301, E=2, k=1, S=129, seed=3)]
+            make_case(H=300, I=301, E=2, k=1, S=129, seed=3),
+            make_case(H=97, I=50, E=1, k=1, seed=4),
+            make_case(H=64, I=33, E=48, k=1, seed=5)]
 
 
 @pytest.mark.parametrize("corner", CORNERS, ids=lambda c: "-".join(map(str, c)))
