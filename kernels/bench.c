@@ -7,12 +7,6 @@
 
 #include "internal.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int colibri_bench_layers(colibri_layer *const *layers, int n_layers, const float *inputs,
                          int n_inputs, int n_tokens, float *out, int n_threads, int warmup,
                          double min_seconds, int max_samples, double *samples, int *n_samples) {
@@ -49,13 +43,13 @@ int colibri_bench_layers(colibri_layer *const *layers, int n_layers, const float
         next = (next + 1) % n_inputs;
         layer = (layer + 1) % n_layers;
     }
-    const double t_start = now_s();
+    const double t_start = cb_now_s();
     int n = 0;
     while (n < max_samples) {
-        const double t0 = now_s();
+        const double t0 = cb_now_s();
         st = colibri_layer_forward(layers[layer], inputs + stride * (size_t)next, out, n_tokens,
                                    n_threads);
-        const double t1 = now_s();
+        const double t1 = cb_now_s();
         if (st) return st;
         samples[n++] = t1 - t0;
         next = (next + 1) % n_inputs;
@@ -85,12 +79,12 @@ int colibri_bench_route(const float *logits, int n_tokens, int n_experts,
     int st;
     for (int i = 0; i < warmup; ++i)
         if ((st = colibri_route(logits, n_tokens, n_experts, cfg, idx, weights, NULL))) return st;
-    const double t_start = now_s();
+    const double t_start = cb_now_s();
     int n = 0;
     while (n < max_samples) {
-        const double t0 = now_s();
+        const double t0 = cb_now_s();
         st = colibri_route(logits, n_tokens, n_experts, cfg, idx, weights, NULL);
-        const double t1 = now_s();
+        const double t1 = cb_now_s();
         if (st) return st;
         samples[n++] = t1 - t0;
         if (t1 - t_start >= min_seconds) break;

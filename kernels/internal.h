@@ -51,6 +51,10 @@ int cb_route_config_check(const colibri_route_config *cfg, int n_experts);
 /* Releases what colibri_layer_create/loader allocated for a layer (not the struct's mapping). */
 void cb_layer_destroy(colibri_layer *layer);
 
+/* Seconds on CLOCK_MONOTONIC; v[0..n) sorted ascending and its median (n >= 1) (timing.c). */
+double cb_now_s(void);
+double cb_sort_median(double *v, int n);
+
 /* Whether Linux grants this process the AMX tile state (asks once; amx_perm.c). */
 int cb_amx_granted(void);
 

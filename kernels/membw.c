@@ -63,17 +63,6 @@
 #define CB_VEC_LANES (CB_VEC_BYTES / 8)
 typedef double cb_vd __attribute__((vector_size(CB_VEC_BYTES)));
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Sum of a[0..n) (n a multiple of CB_MEMBW_BLOCK, a 64-byte aligned) with four
  * independent vector accumulators, so loads are not serialised behind one add chain. */
 static double read_sum(const double *a, size_t n) {
@@ -129,7 +118,7 @@ int colibri_membw_run(int kind, size_t bytes, int n_threads, double min_seconds,
 
     double *times = malloc(sizeof(double) * CB_MEMBW_MAX_PASSES);
     if (!times) return cb_fail(COLIBRI_ERR_NOMEM, "membw: out of memory for the pass times");
-    const double t_setup = now_s();
+    const double t_setup = cb_now_s();
     unsigned char *base = mmap(NULL, map_len, PROT_READ | PROT_WRITE,
                                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) {
@@ -164,11 +153,11 @@ int colibri_membw_run(int kind, size_t bytes, int n_threads, double min_seconds,
 #pragma omp single
         {
             threads_run = nt;
-            setup_seconds = now_s() - t_setup;
+            setup_seconds = cb_now_s() - t_setup;
         }
         for (int pass = -1;; ++pass) { /* pass -1: warm-up, not timed */
 #pragma omp single
-            t0 = now_s();
+            t0 = cb_now_s();
             /* implicit barrier: every thread starts after t0 */
             if (n_arrays == 1) {
                 const double s = read_sum(a + lo, hi - lo);
@@ -180,7 +169,7 @@ int colibri_membw_run(int kind, size_t bytes, int n_threads, double min_seconds,
 #pragma omp barrier
 #pragma omp single
             {
-                const double t1 = now_s();
+                const double t1 = cb_now_s();
                 if (pass >= 0) {
                     times[pass] = t1 - t0;
                     timed += t1 - t0;
@@ -207,9 +196,7 @@ int colibri_membw_run(int kind, size_t bytes, int n_threads, double min_seconds,
     }
 
     const size_t per_pass = n * sizeof(double) * (size_t)n_arrays;
-    qsort(times, (size_t)passes, sizeof(double), cmp_double);
-    const double median = passes % 2 ? times[passes / 2]
-                                     : 0.5 * (times[passes / 2 - 1] + times[passes / 2]);
+    const double median = cb_sort_median(times, passes);
     out->kind = kind;
     out->n_threads = threads_run;
     out->bytes = n * sizeof(double) * (size_t)n_arrays;

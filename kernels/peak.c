@@ -40,17 +40,6 @@
 #define CB_PEAK_ITERS 4096 /* loop trips per pass (x CB_PEAK_ACC instructions) */
 #define CB_PEAK_REPS 16    /* inner repetitions: a pass is ITERS x REPS x ACC instructions */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* ---- the loops: each returns a value that depends on every accumulator (kept live),
  * and the operations it performed per call go in *ops. ---- */
 
@@ -274,12 +263,12 @@ int colibri_peak_run(int kind, int n_threads, double min_seconds, colibri_peak_r
         double ops = 0.0;
         for (int pass = -1;; ++pass) { /* pass -1: warm-up, not timed */
 #pragma omp single
-            t0 = now_s();
+            t0 = cb_now_s();
             sink += loop(&ops);
 #pragma omp barrier
 #pragma omp single
             {
-                const double t1 = now_s();
+                const double t1 = cb_now_s();
                 threads_run = omp_get_num_threads();
                 ops_per_pass = ops * threads_run;
                 if (pass >= 0) {
@@ -294,9 +283,7 @@ int colibri_peak_run(int kind, int n_threads, double min_seconds, colibri_peak_r
             if (stop) break;
         }
     }
-    qsort(times, (size_t)passes, sizeof(double), cmp_double);
-    const double median = passes % 2 ? times[passes / 2]
-                                     : 0.5 * (times[passes / 2 - 1] + times[passes / 2]);
+    const double median = cb_sort_median(times, passes);
     out->kind = kind;
     out->n_threads = threads_run;
     out->ops_per_pass = ops_per_pass;

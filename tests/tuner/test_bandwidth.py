@@ -8,26 +8,13 @@ from __future__ import annotations
 import pytest
 
 from colibri import _lib
-from colibri_build import hostid
 from tuner.host import bandwidth, probe
 
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def membw_lib(tmp_path_factory):
-    """The host's default library if it has the kernels, else a fresh build of the
-    host's profile (a library loaded before membw.c existed cannot be reloaded)."""
-    lib = _lib.open_library(_lib.default_library_path())
-    if hasattr(lib, bandwidth.SYMBOL):
-        return lib
-    built = _lib.build_profile(hostid.host_profile_name(),
-                               build_dir=tmp_path_factory.mktemp("build"), quiet=True)
-    return _lib.open_library(built)
-
-
-def test_measure_tiny(membw_lib):
-    res = bandwidth.measure(threads=(1, 2), lib=membw_lib, min_seconds=0.05, bytes=64 * MiB,
+def test_measure_tiny(probe_lib):
+    res = bandwidth.measure(threads=(1, 2), lib=probe_lib, min_seconds=0.05, bytes=64 * MiB,
                             llc_bytes=8 * MiB)
     assert res["threads"] == [1, 2] and res["bytes"] == 64 * MiB
     assert res["llc_bytes"] == 8 * MiB and res["bytes_rule"] == "given by the caller"
@@ -47,24 +34,24 @@ def test_measure_tiny(membw_lib):
     assert res["seconds"] > 0
 
 
-def test_raw_kernel_api(membw_lib):
+def test_raw_kernel_api(probe_lib):
     ffi = _lib.ffi
     gbps = ffi.new("double *")
-    assert membw_lib.colibri_membw(bandwidth.READ, 16 * MiB, 1, 0.0, gbps) == 0
+    assert probe_lib.colibri_membw(bandwidth.READ, 16 * MiB, 1, 0.0, gbps) == 0
     assert gbps[0] > 0
     out = ffi.new("colibri_membw_result *")
-    assert membw_lib.colibri_membw_run(bandwidth.TRIAD, 24 * MiB, 1, 0.0, out) == 0
+    assert probe_lib.colibri_membw_run(bandwidth.TRIAD, 24 * MiB, 1, 0.0, out) == 0
     assert out.bytes_per_pass == out.bytes and out.passes >= 3 and out.checksum == 2 * 3.5
     # bad arguments are errors with a message, never a crash
-    assert membw_lib.colibri_membw_run(7, 16 * MiB, 1, 0.0, out) != 0
-    assert "kind" in _lib.last_error(membw_lib)
-    assert membw_lib.colibri_membw_run(bandwidth.READ, 16 * MiB, 1, -1.0, out) != 0
-    assert membw_lib.colibri_membw_run(bandwidth.READ, 16 * MiB, 1, 0.0, ffi.NULL) != 0
+    assert probe_lib.colibri_membw_run(7, 16 * MiB, 1, 0.0, out) != 0
+    assert "kind" in _lib.last_error(probe_lib)
+    assert probe_lib.colibri_membw_run(bandwidth.READ, 16 * MiB, 1, -1.0, out) != 0
+    assert probe_lib.colibri_membw_run(bandwidth.READ, 16 * MiB, 1, 0.0, ffi.NULL) != 0
 
 
-def test_too_small_a_working_set_is_refused(membw_lib):
+def test_too_small_a_working_set_is_refused(probe_lib):
     with pytest.raises(bandwidth.BandwidthError, match="too small"):
-        bandwidth.run_kernel(membw_lib, "triad", 1024, 4, 0.0)
+        bandwidth.run_kernel(probe_lib, "triad", 1024, 4, 0.0)
 
 
 def test_sizing_rules():

@@ -14,24 +14,12 @@ from colibri_build import hostid
 from tuner.host import peak, probe
 
 
-@pytest.fixture(scope="module")
-def peak_lib(tmp_path_factory):
-    """The host's default library if it has the kernels, else a fresh build of the
-    host's profile (a library loaded before peak.c existed cannot be reloaded)."""
-    lib = _lib.open_library(_lib.default_library_path())
-    if hasattr(lib, peak.SYMBOL):
-        return lib
-    built = _lib.build_profile(hostid.host_profile_name(),
-                               build_dir=tmp_path_factory.mktemp("build"), quiet=True)
-    return _lib.open_library(built)
-
-
 def _host_flags() -> set:
     return set(probe.probe(measure_bandwidth=False, detect_compilers=False).isa)
 
 
-def test_every_unit_has_a_figure_or_a_reason(peak_lib):
-    res = peak.measure(threads=(1, 2), lib=peak_lib, min_seconds=0.02)
+def test_every_unit_has_a_figure_or_a_reason(probe_lib):
+    res = peak.measure(threads=(1, 2), lib=probe_lib, min_seconds=0.02)
     assert res["threads"] == [1, 2] and "median" in res["statistic"]
     for kind in peak.KINDS:
         assert (kind in res) != (kind in res["reasons"]), kind
@@ -55,18 +43,18 @@ def test_every_unit_has_a_figure_or_a_reason(peak_lib):
         assert "AMX" in res["reasons"]["amx_bf16"] and not res["reasons"]["amx_bf16"].startswith("peak")
 
 
-def test_bursts_must_be_positive(peak_lib):
+def test_bursts_must_be_positive(probe_lib):
     with pytest.raises(ValueError, match="bursts"):
-        peak.measure(threads=(1,), lib=peak_lib, min_seconds=0.01, bursts=0)
+        peak.measure(threads=(1,), lib=probe_lib, min_seconds=0.01, bursts=0)
 
 
-def test_bad_arguments_are_errors_not_crashes(peak_lib):
+def test_bad_arguments_are_errors_not_crashes(probe_lib):
     out = ffi.new("colibri_peak_result *")
-    assert peak_lib.colibri_peak_run(9, 1, 0.01, out) != 0
-    assert "kind 9" in _lib.last_error(peak_lib)
-    assert peak_lib.colibri_peak_run(0, -1, 0.01, out) != 0
-    assert peak_lib.colibri_peak_run(0, 1, -1.0, out) != 0
-    assert peak_lib.colibri_peak_run(0, 1, 0.01, ffi.NULL) != 0
+    assert probe_lib.colibri_peak_run(9, 1, 0.01, out) != 0
+    assert "kind 9" in _lib.last_error(probe_lib)
+    assert probe_lib.colibri_peak_run(0, -1, 0.01, out) != 0
+    assert probe_lib.colibri_peak_run(0, 1, -1.0, out) != 0
+    assert probe_lib.colibri_peak_run(0, 1, 0.01, ffi.NULL) != 0
 
 
 def test_roof_takes_the_fastest_unit_that_computes_the_dtype():
