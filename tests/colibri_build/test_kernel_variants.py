@@ -20,24 +20,24 @@ from colibri_build import render
 CORNERS = [
     ("scalar", "generic", 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 2, 1, 128, 4, 2, 1, 0, 256, 64, 1),
     ("scalar", "generic", 2, 2, 4, 512, 2048, 1024, 4, 4, 1, 2048, 3, 2, 256, 8, 3, 2, 0, 256, 64, 1),
-    ("portable", "generic", 4, 2, 1, 2048, 4096, 2048, 2, 4, 2, 256, 4, 2, 512, 16, 4, 1, 0, 256, 64, 1),
-    ("portable", "generic", 1, 2, 4, 512, 8192, 4096, 1, 2, 4, 512, 6, 1, 128, 32, 2, 2, 0, 256, 64, 1),
+    ("portable", "generic", 4, 2, 1, 2048, 4096, 2048, 2, 4, 2, 4096, 4, 2, 512, 16, 4, 1, 0, 256, 64, 1),
+    ("portable", "generic", 1, 2, 4, 512, 8192, 4096, 1, 2, 4, 8192, 6, 1, 128, 32, 2, 2, 0, 256, 64, 1),
     ("avx2", "x86-64-v3", 2, 1, 4, 8192, 16384, 8192, 4, 2, 2, 1024, 2, 2, 256, 4, 3, 1, 1, 512, 64, 0),
     ("avx2", "sapphirerapids", 4, 2, 2, 2048, 8192, 2048, 2, 2, 4, 0, 3, 1, 512, 8, 2, 2, 1, 256, 64, 1),
-    ("avx512", "icelake-server", 1, 2, 4, 8192, 16384, 8192, 1, 4, 4, 512, 6, 2, 128, 16, 3, 2, 1, 1024, 64, 1),
+    ("avx512", "icelake-server", 1, 2, 4, 8192, 16384, 8192, 1, 4, 4, 16384, 6, 2, 128, 16, 3, 2, 1, 1024, 64, 1),
     ("avx512", "x86-64-v4", 4, 1, 2, 0, 0, 0, 4, 4, 1, 2048, 4, 1, 256, 4, 4, 1, 0, 512, 64, 0),
     ("avx512", "sapphirerapids", 2, 2, 2, 512, 4096, 1024, 2, 2, 1, 0, 2, 1, 512, 32, 4, 1, 1, 512, 16, 1),
     # AMX tiles (f32/bf16 gemm): off, and each k-tile and f32 threshold, where AMX is built
-    ("avx512", "sapphirerapids", 4, 1, 1, 2048, 2048, 2048, 4, 1, 2, 256, 3, 2, 256, 16, 2, 1, 0, 1024, 64, 0),
+    ("avx512", "sapphirerapids", 4, 1, 1, 2048, 2048, 2048, 4, 1, 2, 16384, 3, 2, 256, 16, 2, 1, 0, 1024, 64, 0),
     ("avx512", "sapphirerapids", 1, 1, 2, 0, 8192, 4096, 2, 4, 1, 1024, 4, 2, 128, 4, 3, 2, 1, 256, 32, 1),
     ("avx512", "sapphirerapids", 2, 2, 1, 8192, 0, 1024, 1, 2, 2, 0, 6, 1, 512, 8, 2, 2, 1, 1024, 128, 1),
     # the bf16 pair dot (gemm_bf16_dot) on and off where the target has AVX512_BF16 and AMX is not built
-    ("avx512", "zen5", 2, 1, 2, 512, 4096, 2048, 4, 2, 1, 512, 4, 2, 256, 8, 3, 2, 0, 512, 64, 1),
+    ("avx512", "zen5", 2, 1, 2, 512, 4096, 2048, 4, 2, 1, 8192, 4, 2, 256, 8, 3, 2, 0, 512, 64, 1),
     ("avx512", "zen4", 1, 2, 1, 2048, 0, 0, 2, 1, 2, 0, 6, 1, 128, 16, 2, 1, 0, 256, 32, 0),
     ("avx512", "zen5", 4, 2, 2, 0, 2048, 1024, 1, 4, 4, 1024, 3, 2, 512, 4, 4, 1, 0, 1024, 16, 1),
 ]
 KNOBS = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "prefetch_int4",
-         "prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch",
+         "prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch_f32",
          "gemm_rows", "gemm_vecs", "gemm_kc", "gemm_min_tokens_f32", "igemm_rows", "igemm_vecs",
          "amx", "amx_kc", "amx_f32_min_tokens", "gemm_bf16_dot"]
 
@@ -45,7 +45,9 @@ KNOBS = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "pre
 def _knobs(corner):
     """The corner's knob values. Its prefetch and amx columns drive both dtypes' knobs:
     f32 takes them as written, bf16 the next corner's prefetch and, on every other
-    corner, the opposite amx switch (so f32 and bf16 differ in some corners). Its
+    corner, the opposite amx switch (so f32 and bf16 differ in some corners). The prefill
+    prefetch column is f32's; bf16 takes the next corner's, int8 and int4 the two after
+    (int4 halved: its rows hold half the bytes), each capped to its knob's values. Its
     min_tokens column is f32's gemm threshold; bf16, int8 and int4 take the next three
     corners' (so one corner sends the dtypes' experts down different paths)."""
     k = dict(zip(KNOBS, corner[:1] + corner[2:]))
@@ -54,6 +56,9 @@ def _knobs(corner):
         k[f"gemm_min_tokens_{dt}"] = CORNERS[(i + step) % len(CORNERS)][15]
     k["prefetch_f32"] = k.pop("prefetch")
     k["prefetch_bf16"] = CORNERS[(i + 1) % len(CORNERS)][5]
+    k["prefill_prefetch_bf16"] = CORNERS[(i + 1) % len(CORNERS)][11]
+    k["prefill_prefetch_int8"] = min(CORNERS[(i + 2) % len(CORNERS)][11], 8192)
+    k["prefill_prefetch_int4"] = min(CORNERS[(i + 3) % len(CORNERS)][11] // 2, 4096)
     amx = k.pop("amx")
     k["amx_f32"], k["amx_bf16"] = amx, (amx if i % 2 == 0 else 1 - amx)
     return k

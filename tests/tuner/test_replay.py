@@ -53,7 +53,7 @@ MIN_SPACE = 50     # smaller recorded spaces are not a search problem worth repl
 
 ISAS = ["avx512", "avx2", "portable", "scalar"]
 DECODE_KNOBS = ("isa", "rows", "tok_block", "unroll", "prefetch_f32")
-PREFILL_KNOBS = ("prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch")
+PREFILL_KNOBS = ("prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch_f32")
 # compute time per call relative to the DRAM time of streaming the weights once
 COMPUTE = {"scalar": 2.6, "portable": 1.05, "avx2": 0.5, "avx512": 0.3}
 VECTOR_REGS = {"scalar": 16, "portable": 16, "avx2": 16, "avx512": 32}
