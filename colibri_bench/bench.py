@@ -24,8 +24,13 @@ The roof of a row is its roofline time, max(bytes / read bandwidth, flops / comp
 peak): the bytes of the experts the inputs' routing reaches (with their scales, the
 shared expert and the router), over the read bandwidth measured in the same rounds at
 the same thread count, and the call's flops over the fastest unit that can compute
-the row's weight dtype, measured once at the start (tuner.host.peak: f32 FMA, bf16
-and int8 dots, AMX; its roof_gops says which unit counts for which dtype). "% roof" is
+the row's weight dtype (tuner.host.peak: f32 FMA, bf16 and int8 dots, AMX; its roof_gops
+says which unit counts for which dtype). The peaks are measured at the start (best of a
+few bursts, printed and in the JSON) and again in every round of a prefill group, one
+short burst per unit beside the bandwidth pass; a group's roof takes the best of its
+rounds' bursts, the machine's capability while that group ran (a neighbour arriving
+mid-run slowed a whole group by 1.2-2x here, and a roof from the start would have
+counted that against the kernels). "% roof" is
 roof time over measured time: for decode that is the share of the read bandwidth, for
 prefill of whichever bound is higher ("roof by" names it). Prefill's figure is GFLOP/s. NumPy and PyTorch always run on the f32 weights
 (neither has a bf16/int8/int4 matmul a user would reach for), so "vs numpy" on a
@@ -48,6 +53,7 @@ from colibri._lib import ffi, open_library
 from colibri.layer import MoELayer, _route_config
 from colibri_build import hostid
 from colibri_build.paths import build_dir_default, reports_dir_default
+from tuner.host.peak import KINDS
 from tuner.measure import problems as problems_mod, weights
 from tuner.measure.worker import round_order
 
@@ -260,14 +266,18 @@ def roof(p, reached, bw, peaks, threads) -> dict:
     return {"roof_seconds": comp, "roof_by": unit[1]}
 
 
-def time_rounds(layers, peers, xs, threads, rounds, min_seconds, bw_fn, per, bws, first=0) -> None:
+def time_rounds(layers, peers, xs, threads, rounds, min_seconds, bw_fn, per, bws, first=0,
+                peak_fn=None, pks=None) -> None:
     """Rounds first .. first+rounds-1 of one (problem, threads) group, appended to per[name]
-    (seconds per round) and bws (read bandwidth per round)."""
+    (seconds per round), bws (read bandwidth per round) and, with peak_fn, pks (per round
+    {unit: GOP/s})."""
     names = [*layers, *peers]
     for r in range(first, first + rounds):
         b = bw_fn(threads)
         if b:
             bws.append(b)
+        if peak_fn is not None:
+            pks.append(peak_fn(threads))
         # each round starts one implementation later: on this VM the implementation timed
         # right after the (memory-bound) bandwidth pass ran measurably faster at 2 threads
         # than the next one on identical code (tuned/default 0.70-0.86 on prefill rows)
@@ -279,10 +289,22 @@ def time_rounds(layers, peers, xs, threads, rounds, min_seconds, bw_fn, per, bws
                     per.setdefault(name, []).append(time_python(peers[name], xs, min_seconds))
 
 
-def group_rows(p, p_peer, per, bws, threads, copies, reached=None, peaks=None) -> list[dict]:
+def group_peaks(peaks, pks, threads):
+    """The peaks a group's roof uses: per unit the best of its rounds' bursts (pks) where
+    the rounds measured it, else the start-of-run figure (peaks, tuner.host.peak.measure's
+    form)."""
+    out = {kind: dict(v) for kind, v in (peaks or {}).items() if kind in KINDS}
+    for kind in {k for sample in pks or () for k in sample}:
+        out.setdefault(kind, {})[str(threads)] = max(s[kind] for s in pks if kind in s)
+    return out or None
+
+
+def group_rows(p, p_peer, per, bws, threads, copies, reached=None, peaks=None, pks=None) -> list[dict]:
     """One row per implementation of a (problem, threads) group from its rounds; reached
-    (experts_reached) and peaks (tuner.host.peak.measure) give its roofline."""
+    (experts_reached), peaks (tuner.host.peak.measure) and the rounds' bursts pks
+    (group_peaks) give its roofline."""
     bw = _median(bws) if bws else None
+    peaks = group_peaks(peaks, pks, threads)
     rows = []
     for name, ts in per.items():
         t = _median(ts)
@@ -305,6 +327,8 @@ def group_rows(p, p_peer, per, bws, threads, copies, reached=None, peaks=None) -
             "pct_of_roof": 100 * rf["roof_seconds"] / t if rf["roof_seconds"] else None,
             "roof_by": rf["roof_by"],
             "pct_of_read_bw": 100 * gbps / bw if gbps and bw else None,
+            "compute_peaks_gops": {k: v[str(threads)] for k, v in (peaks or {}).items()
+                                   if str(threads) in v},
             "gflops": p.flops / t / 1e9,
             "layer_copies": None if peer_row else copies[name],
             "vs_numpy": ratio("numpy"), "vs_torch": ratio("torch"),
@@ -322,7 +346,8 @@ def _tuned_ratio(per: dict) -> float:
     return _median([a / b for a, b in zip(per["colibri-default"], per["colibri-tuned"])])
 
 
-def timed_rounds(libs, build, peers, xs, threads_list, rounds, min_seconds, bw_fn, per, bws) -> None:
+def timed_rounds(libs, build, peers, xs, threads_list, rounds, min_seconds, bw_fn, per, bws,
+                 peak_fn=None, pks=None) -> None:
     """`rounds` more interleaved rounds at each thread count, appended to per[threads].
     Where a library's layers sit in memory moves its speed by several percent (the set
     allocated second ran 1.06-1.09x faster on identical code), so the layers are built in
@@ -336,23 +361,27 @@ def timed_rounds(libs, build, peers, xs, threads_list, rounds, min_seconds, bw_f
         layers = {name: built[name] for name in libs}
         for threads in threads_list:
             time_rounds(layers, peers, xs, threads, nr, min_seconds, bw_fn, per[threads],
-                        bws[threads], first=len(per[threads].get("colibri-default", [])))
+                        bws[threads], first=len(per[threads].get("colibri-default", [])),
+                        peak_fn=peak_fn, pks=None if pks is None else pks[threads])
         del built, layers  # free these arenas before the next are built
 
 
-def measure_group(name, libs, build, peers, xs, threads_list, rounds, min_seconds, bw_fn, say):
+def measure_group(name, libs, build, peers, xs, threads_list, rounds, min_seconds, bw_fn, say,
+                  peak_fn=None, pks=None):
     """(per, bws) of one problem: per[threads][impl] seconds per round, bws[threads] read
-    bandwidth per round. A tuned row whose median ratio reads below MIN_RATIO gets twice
+    bandwidth per round; with peak_fn, pks[threads] gets each round's peaks. A tuned row whose median ratio reads below MIN_RATIO gets twice
     the rounds more (the libraries only), pooled with the first: a few rounds on all
     threads do not resolve 2% (README, "How the tuner decides")."""
     per = {th: {} for th in threads_list}
     bws = {th: [] for th in threads_list}
-    timed_rounds(libs, build, peers, xs, threads_list, rounds, min_seconds, bw_fn, per, bws)
+    timed_rounds(libs, build, peers, xs, threads_list, rounds, min_seconds, bw_fn, per, bws,
+                 peak_fn, pks)
     slow = [th for th in threads_list if _tuned_ratio(per[th]) < MIN_RATIO]
     if slow:
         say(f"bench: {name} at {', '.join(map(str, slow))} thread(s): tuned/default below "
             f"{MIN_RATIO} over {rounds} rounds; {2 * rounds} more rounds")
-        timed_rounds(libs, build, {}, xs, slow, 2 * rounds, min_seconds, bw_fn, per, bws)
+        timed_rounds(libs, build, {}, xs, slow, 2 * rounds, min_seconds, bw_fn, per, bws,
+                     peak_fn, pks)
     return per, bws
 
 
@@ -371,6 +400,7 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
     bw_bytes = working_set_bytes(llc)[0]
     bw_fn = lambda threads: read_bandwidth(lib, threads, bw_bytes, min_seconds=0.15)
     peaks = compute_peaks(libs["colibri-default"], threads_list, say)
+    peak_fn = round_peaks(libs["colibri-default"], peaks)
     if "torch" in peers and _torch() is None:
         say("bench: PyTorch is not installed: its column is skipped "
             "(pip install torch to compare against it)")
@@ -400,11 +430,14 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                     router, dict(enc), weight_dtype=dtype, shared_expert_gate=sh,
                     lib=str(libs[name]), top_k=p.k, scoring=p.scoring, norm_topk_prob=p.norm)
                     for _ in range(copies)]
+                pks = {th: [] for th in threads_list}
                 per, bws = measure_group(p.name, libs, build, peer_fns, xs, threads_list, rounds,
-                                         min_seconds, bw_fn, say)
+                                         min_seconds, bw_fn, say,
+                                         peak_fn(p.dtype) if p.T > 1 else None, pks)
                 for threads in threads_list:
                     for r in group_rows(p, p32, per[threads], bws[threads], threads,
-                                        {name: copies for name in libs}, reached, peaks):
+                                        {name: copies for name in libs}, reached, peaks,
+                                        pks[threads]):
                         rows.append(r)
                         say(_fmt(r))
         p = problems_mod.problem(f"{shape}/prefill{ROUTE_T}/f32")
@@ -422,6 +455,27 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
             "rounds": rounds, "min_seconds": min_seconds, "compute_peaks": peaks,
             "rows": rows, "routing": route_rows,
             "torch": getattr(_torch(), "__version__", None), "created": time.time()}
+
+
+ROUND_PEAK_SECONDS = 0.05  # one unit's burst in a round
+
+
+def round_peaks(lib_path, peaks):
+    """peak_fn(dtype) -> a function of threads that times one short burst of each unit
+    the dtype's roof can use (those the start-of-run measure found), or None without peaks."""
+    if not peaks:
+        return lambda dtype: None
+    from tuner.host.bandwidth import open_probe_library
+    from tuner.host.peak import ROOF_UNITS, SYMBOL, run_kernel
+    handle = open_probe_library(str(lib_path), SYMBOL)[0]
+
+    def peak_fn(dtype):
+        kinds = [k for k, _ in ROOF_UNITS[dtype] if k in peaks]
+        if not kinds:
+            return None
+        return lambda threads: {k: f["gops"] for k in kinds
+                                if "gops" in (f := run_kernel(handle, k, threads, ROUND_PEAK_SECONDS))}
+    return peak_fn
 
 
 def compute_peaks(lib_path, threads_list, say) -> dict | None:

@@ -118,3 +118,18 @@ def test_roof_is_the_larger_of_memory_and_compute():
     d = problems.problem("mixtral-8x7b/decode/int4")
     assert roof(d, d.k, 50.0, peaks, 2) == {"roof_seconds": pytest.approx(d.decode_bytes / 50e9),
                                             "roof_by": "read bw"}
+
+
+def test_a_groups_roof_takes_the_best_burst_of_its_own_rounds():
+    """Injected figures: the rounds' bursts replace the start-of-run figure of the units
+    they measured, at the group's thread count, by their best; other units and thread
+    counts keep the start's."""
+    from colibri_bench.bench import group_peaks
+
+    start = {"f32_fma": {"1": 250.0, "2": 500.0}, "int8_dot": {"2": 1000.0},
+             "reasons": {"amx_int8": "no AMX"}, "runs": []}
+    rounds = [{"int8_dot": 700.0, "f32_fma": 480.0}, {"int8_dot": 820.0}, {"int8_dot": 760.0}]
+    got = group_peaks(start, rounds, 2)
+    assert got == {"f32_fma": {"1": 250.0, "2": 480.0}, "int8_dot": {"2": 820.0}}
+    assert group_peaks(start, [], 2) == {"f32_fma": {"1": 250.0, "2": 500.0}, "int8_dot": {"2": 1000.0}}
+    assert group_peaks(None, [], 2) is None
