@@ -49,7 +49,8 @@ def _knobs(corner):
     prefetch column is f32's; bf16 takes the next corner's, int8 and int4 the two after
     (int4 halved: its rows hold half the bytes), each capped to its knob's values. Its
     min_tokens column is f32's gemm threshold; bf16, int8 and int4 take the next three
-    corners' (so one corner sends the dtypes' experts down different paths)."""
+    corners' (so one corner sends the dtypes' experts down different paths). The int gemm
+    k-tiles come from the gemm_kc column (see below)."""
     k = dict(zip(KNOBS, corner[:1] + corner[2:]))
     i = CORNERS.index(corner)
     for step, dt in enumerate(("bf16", "int8", "int4"), 1):
@@ -59,6 +60,10 @@ def _knobs(corner):
     k["prefill_prefetch_bf16"] = CORNERS[(i + 1) % len(CORNERS)][11]
     k["prefill_prefetch_int8"] = min(CORNERS[(i + 2) % len(CORNERS)][11], 8192)
     k["prefill_prefetch_int4"] = min(CORNERS[(i + 3) % len(CORNERS)][11] // 2, 4096)
+    # the int gemm k-tiles: the gemm_kc column scaled into their values, int4 the next corner's
+    ikc = {128: 256, 256: 1024, 512: 4096}
+    k["igemm_kc_int8"] = ikc[k["gemm_kc"]]
+    k["igemm_kc_int4"] = ikc[CORNERS[(i + 1) % len(CORNERS)][14]]
     amx = k.pop("amx")
     k["amx_f32"], k["amx_bf16"] = amx, (amx if i % 2 == 0 else 1 - amx)
     return k
@@ -130,7 +135,8 @@ def test_corners_cover_every_knob_value():
         assert {_knobs(c)[name] for c in CORNERS} == set(spec.knobs[name].values), name
     # the int gemm knobs, on profiles whose ISA has a dot-product instruction
     vnni = [_knobs(c) for c in CORNERS if c[1] in ("icelake-server", "sapphirerapids", "zen4", "zen5")]
-    for name in ("igemm_rows", "igemm_vecs", "gemm_min_tokens_int8", "gemm_min_tokens_int4"):
+    for name in ("igemm_rows", "igemm_vecs", "igemm_kc_int8", "igemm_kc_int4", "gemm_min_tokens_int8",
+                 "gemm_min_tokens_int4"):
         assert {k[name] for k in vnni} == set(spec.knobs[name].values), name
     # the AMX knobs, where AMX is compiled in
     amx = [_knobs(c) for c in CORNERS if c[:2] == ("avx512", "sapphirerapids")]
