@@ -36,6 +36,7 @@ KERNEL_ISAS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "portable": (None, ()),
     "avx2": ("x86_64", ("avx", "avx2", "fma", "f16c")),
     "avx512": ("x86_64", ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")),
+    "neon": ("aarch64", ("asimd",)),
 }
 ARCHES = ("any", "x86_64", "aarch64")   # "any": the build host's own architecture
 KINDS = ("target", "build")             # build kinds (debug, asan) are never auto-selected

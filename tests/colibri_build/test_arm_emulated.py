@@ -9,6 +9,7 @@ count and one expert tensor stored once for both layers. The tools come from
 `scripts/setup --test` (Debian's gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user);
 without them these tests skip and say so.
 """
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,16 +19,21 @@ import pytest
 
 import colibri
 from colibri import _lib
+from colibri_build import profiles
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "c" / "infer_model.c"
 ARM_PROFILES = ("armv8-a", "neoverse-n1", "neoverse-v2", "apple-m1")
 CROSS_CC, QEMU, SYSROOT = "aarch64-linux-gnu-gcc", "qemu-aarch64", Path("/usr/aarch64-linux-gnu")
+OBJDUMP = "aarch64-linux-gnu-objdump"
+# instructions a profile's library must contain: FMLA on 4 f32 lanes everywhere (the NEON
+# kernels), SDOT where the profile requires the dot product (/proc/cpuinfo's asimddp)
+ISA_INSTRUCTIONS = [(None, r"\bfmla\s+v\d+\.4s"), ("asimddp", r"\bsdot\s+v\d+\.4s")]
 DTYPES = ("f32", "bf16", "int8", "int4")
 TOLERANCE = {"f32": 1e-5, "bf16": 2e-2, "int8": 2e-2, "int4": 2e-2}
 TOKENS = (1, 40)
 
-_missing = [t for t in (CROSS_CC, QEMU) if shutil.which(t) is None]
+_missing = [t for t in (CROSS_CC, QEMU, OBJDUMP) if shutil.which(t) is None]
 if not (SYSROOT / "lib").is_dir():
     _missing.append(f"{SYSROOT}/lib (libc6-dev-arm64-cross)")
 pytestmark = pytest.mark.skipif(
@@ -105,6 +111,11 @@ def test_arm_profile_matches_the_native_library(profile, models, native_outputs,
     files, inputs, H = models
     lib = _lib.build_profile(profile, build_dir=tmp_path / "build", quiet=True)
     assert _elf_machine(lib) == EM_AARCH64, f"{lib} is not an aarch64 ELF"
+    asm = subprocess.run([OBJDUMP, "-d", str(lib)], capture_output=True, text=True, check=True).stdout
+    features = profiles.get_profile(profile).features
+    for feature, pattern in ISA_INSTRUCTIONS:
+        if feature is None or feature in features:
+            assert re.search(pattern, asm), f"{profile}: no /{pattern}/ in the library's disassembly"
     prog = _compile(CROSS_CC, lib, tmp_path / "infer_model")
     assert _elf_machine(prog) == EM_AARCH64
     worst = {}

@@ -35,6 +35,9 @@ CORNERS = [
     ("avx512", "zen5", 2, 1, 2, 512, 4096, 2048, 4, 2, 1, 8192, 4, 2, 256, 8, 3, 2, 0, 512, 64, 1),
     ("avx512", "zen4", 1, 2, 1, 2048, 0, 0, 2, 1, 2, 0, 6, 1, 128, 16, 2, 1, 0, 256, 32, 0),
     ("avx512", "zen5", 4, 2, 2, 0, 2048, 1024, 1, 4, 4, 1024, 3, 2, 512, 4, 4, 1, 0, 1024, 16, 1),
+    # NEON (SDOT on neoverse-n1) runs on aarch64 hosts only: on others this corner skips, and
+    # test_arm_emulated.py runs the Arm profiles' defaults under qemu-user
+    ("neon", "neoverse-n1", 2, 2, 2, 2048, 4096, 2048, 2, 4, 1, 4096, 3, 2, 256, 8, 3, 2, 0, 512, 64, 1),
 ]
 KNOBS = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "prefetch_int4",
          "prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch_f32",

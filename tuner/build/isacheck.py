@@ -39,7 +39,7 @@ REGISTER_CLASSES = {
     "aarch64": {"v": r"\bv\d+\.\d*[bhsdq]\b", "q": r"\bq\d+\b", "z": r"\bz\d+\.[bhsdq]\b"},
 }
 # What the `isa` knob promises the kernels use (at least one instruction of the class).
-REQUIRED_BY_ISA = {"avx512": ("zmm",), "avx2": ("ymm",), "portable": (), "scalar": ()}
+REQUIRED_BY_ISA = {"avx512": ("zmm",), "avx2": ("ymm",), "portable": (), "scalar": (), "neon": ()}
 # A class the build may only contain if the profile requires this feature.
 FORBIDDEN_WITHOUT = {
     "x86_64": {"zmm": "avx512f", "ymm": "avx"},
