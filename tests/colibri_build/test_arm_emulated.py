@@ -1,7 +1,7 @@
 """The Arm profiles, cross-built on this x86_64 host and run under qemu-user.
 
 Each Arm profile's library is built with the cross compiler its profile names, and
-tests/c/infer_model.c (a program that uses nothing but colibri.h) is cross-built against
+kernels/tools/infer_model.c (a program that uses nothing but colibri.h) is cross-built against
 it and run under qemu-aarch64 on model files written here. Its outputs must be the native
 library's on the same files: f32 within 1e-5 relative L2, the other weight dtypes within
 2e-2. The models have two layers, a shared expert with its sigmoid gate, a dynamic expert
@@ -22,7 +22,7 @@ from colibri import _lib
 from colibri_build import profiles
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE = ROOT / "tests" / "c" / "infer_model.c"
+SOURCE = ROOT / "kernels" / "tools" / "infer_model.c"
 ARM_PROFILES = ("armv8-a", "neoverse-n1", "neoverse-v2", "apple-m1")
 CROSS_CC, QEMU, SYSROOT = "aarch64-linux-gnu-gcc", "qemu-aarch64", Path("/usr/aarch64-linux-gnu")
 OBJDUMP = "aarch64-linux-gnu-objdump"

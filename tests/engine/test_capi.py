@@ -12,11 +12,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-import colibri
 from colibri import _lib
+from tuner.fleet.verify import write_capi_model
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "c" / "test_capi.c"
@@ -51,15 +50,8 @@ def capi_program(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory):
-    rng = np.random.default_rng(3)
-    E, I, H = 4, 8, 16
-    layer = dict(router=rng.standard_normal((E, H), dtype=np.float32),
-                 gate=rng.standard_normal((E, I, H), dtype=np.float32) * 0.1,
-                 up=rng.standard_normal((E, I, H), dtype=np.float32) * 0.1,
-                 down=rng.standard_normal((E, H, I), dtype=np.float32) * 0.1, top_k=2)
-    path = tmp_path_factory.mktemp("capi_model") / "m.colibri"
-    colibri.save_model(path, [layer, layer])
-    return path
+    # the one `tuner verify` runs the program on (under qemu for an Arm profile)
+    return write_capi_model(tmp_path_factory.mktemp("capi_model") / "m.colibri")
 
 
 def test_every_entry_point_rejects_bad_arguments(capi_program, model_file, tmp_path):

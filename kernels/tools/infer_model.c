@@ -1,7 +1,8 @@
 /* infer_model MODEL INPUT T OUTPUT: run a Colibri model file on T tokens with nothing but
  * colibri.h (colibri_load_model, colibri_infer, colibri_free_model). INPUT holds T x hidden
  * float32 values; OUTPUT receives as many. Built natively and cross-built for each Arm
- * profile, so tests/colibri_build/test_arm_emulated.py can compare the two on one file.
+ * profile: `python -m tuner verify` and tests/colibri_build/test_arm_emulated.py run it
+ * under qemu-user against the NumPy reference and against the native library.
  * Exit status: 0 done, 1 a Colibri or file error (on stderr), 2 usage. */
 #include <stdio.h>
 #include <stdlib.h>
