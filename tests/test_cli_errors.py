@@ -27,6 +27,7 @@ CASES = [
     ("tuner", ["profiles", "no-such-profile"], "no-such-profile"),
     ("tuner", ["report", "--no-such-option"], "unrecognized"),
     ("tuner", ["check", "unused", "--rounds", "0"], ">= 1"),
+    ("tuner", ["verify", "--profile", "nope"], "known: "),
     ("tuner", ["merge", "a.sqlite"], "required"),
     ("tuner", ["replay", "unused.sqlite", "--budget-fraction", "2"], "(0, 1]"),
     ("tuner", ["bench"], "colibri_bench bench"),

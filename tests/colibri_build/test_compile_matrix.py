@@ -6,7 +6,6 @@ corners, the layer tests); this checks that no corner of the space breaks the bu
 import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 

@@ -1,7 +1,6 @@
 """Corners of the kernel knob space (both classes, decode and prefill): each builds
 through SCons (config=) and computes the layer right for every dtype, on shapes with
 ragged rows, columns and tokens."""
-import numpy as np
 import pytest
 from moe_data import assert_engine, make_case
 

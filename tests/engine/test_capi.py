@@ -6,7 +6,6 @@ when that library's build_info.json (beside it) lists -fsanitize flags, the prog
 built with them and with the same compiler, as a sanitized library needs.
 """
 import json
-import os
 import re
 import shutil
 import subprocess

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from colibri import _cli
 from colibri_build import cpuinfo, paths, profiles
 
 DTYPES = ("f32", "bf16", "int8", "int4")
@@ -233,11 +234,10 @@ def add_command(sub) -> None:
 
 
 def main(args) -> int:
-    try:
-        prof = profiles.get_profile(args.profile)
-    except profiles.ProfileError as exc:
-        print(f"tuner verify: {exc}", file=sys.stderr)
-        return 2
+    known = sorted(profiles.registry())
+    if args.profile not in known:
+        raise _cli.UsageError(f"unknown profile {args.profile!r} (known: {', '.join(known)})")
+    prof = profiles.get_profile(args.profile)
     emulated = prof.arch not in ("any", cpuinfo.host_cpu().arch)
     print(f"tuner verify: building {args.profile} and running "
           f"{sum(len(c.tokens) for c in CASES) * len(DTYPES)} kernel checks"
