@@ -127,8 +127,7 @@ def _compile(cc: str, source: Path, lib: Path, out: Path, werror: bool = False) 
     return out
 
 
-def kernel_check(prog: Path, runner: list[str], work: Path, dtypes=DTYPES, cases=CASES,
-                 progress=None) -> list[Row]:
+def kernel_check(prog: Path, runner: list[str], work: Path, dtypes=DTYPES, cases=CASES) -> list[Row]:
     """The kernel check's rows (see the module's doc)."""
     import colibri
     from colibri import reference
@@ -151,8 +150,6 @@ def kernel_check(prog: Path, runner: list[str], work: Path, dtypes=DTYPES, cases
                 got = y.reshape(x.shape).astype(np.float64) - x
                 ok, err, msg = reference.compare(got, _reference(layer, x, dt), dt)
                 rows.append(Row(case.name, dt, T, err, ok, msg))
-                if progress:
-                    progress(rows[-1])
     return rows
 
 
@@ -185,8 +182,7 @@ def capi_check(cc: str, lib: Path, runner: list[str], work: Path) -> Row:
     return Row("C API test", "-", 0, float(m.group(2)), ok, f"{m.group(1)} checks, {m.group(2)} failed")
 
 
-def verify(profile_name: str, *, build_dir: Path | None = None, quiet: bool = True,
-           progress=None) -> list[Row]:
+def verify(profile_name: str, *, build_dir: Path | None = None, quiet: bool = True) -> list[Row]:
     """Build the profile's library and run the checks (see the module's doc)."""
     from colibri import _lib
 
@@ -204,7 +200,7 @@ def verify(profile_name: str, *, build_dir: Path | None = None, quiet: bool = Tr
     with tempfile.TemporaryDirectory(prefix="colibri-verify-") as tmp:
         work = Path(tmp)
         prog = _compile(cc, PROGRAM, lib, work / "infer_model")
-        rows = kernel_check(prog, runner, work, progress=progress)
+        rows = kernel_check(prog, runner, work)
         if CAPI_TEST.is_file():
             rows.append(capi_check(cc, lib, runner, work))
     return rows
