@@ -13,13 +13,14 @@ from colibri_build import cpuinfo, paths, profiles, render
 
 KERNEL = "expert_ffn"
 # kernel isa -> the profiles it is compiled under: each distinct set of the capabilities
-# the template tests for (VNNI on avx2 and avx512, AMX), so every #if branch compiles
+# the template tests for (VNNI on avx2 and avx512, AMX; SDOT, BF16, I8MM on neon), so every
+# #if branch compiles
 PROFILES = {
     "scalar": ["generic"],
     "portable": ["generic"],
     "avx2": ["x86-64-v3", "zen5"],            # zen5's flags add AVX-VNNI
     "avx512": ["x86-64-v4", "sapphirerapids"],  # sapphirerapids adds VNNI and AMX
-    "neon": ["armv8-a", "neoverse-n1"],        # neoverse-n1 adds the dot product (SDOT)
+    "neon": ["armv8-a", "neoverse-n1", "neoverse-v2"],  # n1 adds SDOT, v2 BF16 and I8MM
 }
 
 
