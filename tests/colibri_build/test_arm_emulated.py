@@ -27,8 +27,10 @@ ARM_PROFILES = ("armv8-a", "neoverse-n1", "neoverse-v2", "apple-m1")
 CROSS_CC, QEMU, SYSROOT = "aarch64-linux-gnu-gcc", "qemu-aarch64", Path("/usr/aarch64-linux-gnu")
 OBJDUMP = "aarch64-linux-gnu-objdump"
 # instructions a profile's library must contain: FMLA on 4 f32 lanes everywhere (the NEON
-# kernels), SDOT where the profile requires the dot product (/proc/cpuinfo's asimddp)
-ISA_INSTRUCTIONS = [(None, r"\bfmla\s+v\d+\.4s"), ("asimddp", r"\bsdot\s+v\d+\.4s")]
+# kernels), SDOT where the profile requires the dot product (/proc/cpuinfo's asimddp), and
+# with the default knobs SMMLA (i8mm) and BFMMLA (bf16) where it has those
+ISA_INSTRUCTIONS = [(None, r"\bfmla\s+v\d+\.4s"), ("asimddp", r"\bsdot\s+v\d+\.4s"),
+                    ("i8mm", r"\bsmmla\s+v\d+\.4s"), ("bf16", r"\bbfmmla\s+v\d+\.4s")]
 DTYPES = ("f32", "bf16", "int8", "int4")
 TOLERANCE = {"f32": 1e-5, "bf16": 2e-2, "int8": 2e-2, "int4": 2e-2}
 TOKENS = (1, 40)

@@ -117,7 +117,41 @@ def test_count_registers_only_inside_kernel_symbols():
     assert counts == {"xmm": 1, "ymm": 1, "zmm": 1}              # colibri_layer_forward's zmm not
     counts, symbols = isacheck.count_registers(ARM_DISASM, "aarch64", ("cbk_",))
     assert symbols == ["cbk_gateup"]
-    assert counts == {"v": 1, "q": 1, "z": 1}
+    assert counts == {"v": 1, "q": 1, "z": 1, "fmla.4s": 1, "sdot": 0, "bfdot": 0, "bfmmla": 0, "smmla": 0}
+
+
+ARM_LEVELS = """
+0000000000002000 <cbk_gateup>:
+    2000:	fmla	v0.4s, v1.4s, v2.4s
+    2004:	sdot	v3.4s, v4.16b, v5.16b
+    2008:	smmla	v6.4s, v7.16b, v8.16b
+    200c:	bfmmla	v9.4s, v10.8h, v11.8h
+"""
+
+
+@pytest.mark.parametrize("features, knobs, drop, problem", [
+    (["asimd"], {}, None, None),                                      # armv8-a: fmla only
+    (["asimd", "asimddp"], {}, None, None),                           # dotprod: sdot found
+    (["asimd", "asimddp"], {}, "sdot", "sdot instructions"),          # dotprod without sdot
+    (["asimd", "asimddp", "i8mm", "bf16"], {"gemm_mmla_int8": 1, "gemm_mmla_bf16": 1}, None, None),
+    (["asimd", "asimddp", "i8mm", "bf16"], {"gemm_mmla_int8": 1, "gemm_mmla_bf16": 1}, "smmla",
+     "smmla instructions"),
+    # the pair dot chosen instead of BFMMLA: bfdot is then required, and absent here
+    (["asimd", "asimddp", "i8mm", "bf16"], {"gemm_mmla_int8": 0, "gemm_mmla_bf16": 0, "gemm_bf16_dot": 1},
+     None, "bfdot instructions"),
+    (["asimd"], {}, "fmla", "fmla.4s instructions"),
+])
+def test_arm_levels_require_their_instructions(tmp_path, monkeypatch, features, knobs, drop, problem):
+    lib = tmp_path / "libcolibri.so"
+    lib.write_bytes(b"\x7fELF\x02\x01" + b"\0" * 12 + (183).to_bytes(2, "little") + b"\0" * 40)
+    (tmp_path / "build_info.json").write_text(__import__("json").dumps(
+        {"kernel_isa": "neon", "features": features, "knobs": repr(knobs)}))
+    text = "\n".join(line for line in ARM_LEVELS.splitlines() if not (drop and f"\t{drop}\t" in line))
+    monkeypatch.setattr(isacheck, "disassemble", lambda lib, arch: text)
+    res = isacheck.check_library(lib)
+    assert res.ok is (problem is None), res.message
+    if problem:
+        assert problem in res.message
 
 
 def test_kernel_prefixes_come_from_the_templates():

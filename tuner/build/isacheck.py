@@ -13,7 +13,11 @@ them such as `.part.0`), count the instructions that name each vector register c
 and compare with the promise:
 
     isa knob  avx512 -> zmm required     avx2 -> ymm required
+              neon -> fmla on .4s required
               portable, scalar -> nothing required beyond the profile's -march
+    features  aarch64 levels show by mnemonic (REQUIRED_BY_FEATURE): asimddp -> sdot;
+    and knobs i8mm with gemm_mmla_int8=1 -> smmla; bf16 with gemm_mmla_bf16=1 -> bfmmla,
+              with gemm_mmla_bf16=0 and gemm_bf16_dot=1 -> bfdot
     features  (the profile's required ISA features, from build_info.json)
               x86: no avx512f -> zmm forbidden; no avx -> ymm forbidden
               aarch64: no sve -> z (SVE) registers forbidden
@@ -23,6 +27,7 @@ files and runs objdump; never loads the library.
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
@@ -38,8 +43,24 @@ REGISTER_CLASSES = {
     # NEON vectors print as v0.4s (arrangement) or q0 (128-bit scalar view); SVE as z0.s
     "aarch64": {"v": r"\bv\d+\.\d*[bhsdq]\b", "q": r"\bq\d+\b", "z": r"\bz\d+\.[bhsdq]\b"},
 }
+# Instructions counted like the register classes: aarch64 kernels show their ISA level by
+# mnemonic (every level uses the same v registers).
+INSTRUCTION_CLASSES = {
+    "aarch64": {"fmla.4s": r"^\s*fmla\s+v\d+\.4s\b", "sdot": r"^\s*sdot\s", "bfdot": r"^\s*bfdot\s",
+                "bfmmla": r"^\s*bfmmla\s", "smmla": r"^\s*smmla\s"},
+}
 # What the `isa` knob promises the kernels use (at least one instruction of the class).
-REQUIRED_BY_ISA = {"avx512": ("zmm",), "avx2": ("ymm",), "portable": (), "scalar": (), "neon": ()}
+REQUIRED_BY_ISA = {"avx512": ("zmm",), "avx2": ("ymm",), "portable": (), "scalar": (),
+                   "neon": ("fmla.4s",)}
+# Per isa: (profile feature, instruction class, knob values that select the path) -- a
+# library whose profile has the feature and whose knobs (build_info.json) select the path
+# must contain the instruction: a dotprod profile without sdot ran its fallback.
+REQUIRED_BY_FEATURE = {
+    "neon": (("asimddp", "sdot", {}),
+             ("i8mm", "smmla", {"gemm_mmla_int8": 1}),
+             ("bf16", "bfmmla", {"gemm_mmla_bf16": 1}),
+             ("bf16", "bfdot", {"gemm_mmla_bf16": 0, "gemm_bf16_dot": 1})),
+}
 # A class the build may only contain if the profile requires this feature.
 FORBIDDEN_WITHOUT = {
     "x86_64": {"zmm": "avx512f", "ymm": "avx"},
@@ -122,7 +143,8 @@ def disassemble(lib: str | Path, arch: str) -> str:
 
 def count_registers(disasm: str, arch: str, prefixes: tuple[str, ...]) -> tuple[dict, list]:
     """Instructions naming each register class inside symbols starting with a prefix."""
-    patterns = {k: re.compile(v) for k, v in REGISTER_CLASSES.get(arch, {}).items()}
+    patterns = {k: re.compile(v) for k, v in {**REGISTER_CLASSES.get(arch, {}),
+                                              **INSTRUCTION_CLASSES.get(arch, {})}.items()}
     counts = {k: 0 for k in patterns}
     symbols, inside = [], False
     for line in disasm.splitlines():
@@ -151,6 +173,17 @@ def _build_info(lib: Path) -> dict:
         return {}
 
 
+def _knobs(info: dict) -> dict | None:
+    """The kernel knobs build_info.json records (a dict, or its repr), None if absent."""
+    knobs = info.get("knobs")
+    if isinstance(knobs, str):
+        try:
+            knobs = ast.literal_eval(knobs)
+        except (ValueError, SyntaxError):
+            return None
+    return knobs if isinstance(knobs, dict) else None
+
+
 def check_library(lib: str | Path, *, isa: str | None = None, features=None,
                   arch: str | None = None, templates_dir: str | Path | None = None) -> IsaCheck:
     """Compare the kernel symbols' vector registers with the promise (module docstring).
@@ -173,7 +206,15 @@ def check_library(lib: str | Path, *, isa: str | None = None, features=None,
         result.message = f"not checked: no register table for architecture {arch}"
         return result
     counts, symbols = count_registers(disasm, arch, kernel_prefixes(templates_dir))
-    require = list(REQUIRED_BY_ISA.get(isa or "", ())) if arch == "x86_64" else []
+    # class -> who promises it
+    why = {cls: f"isa={isa}" for cls in REQUIRED_BY_ISA.get(isa or "", ()) if cls in counts}
+    knobs = _knobs(info)
+    if features is not None and knobs is not None:
+        for feat, cls, when in REQUIRED_BY_FEATURE.get(isa or "", ()):
+            if feat in set(features) and all(knobs.get(k) == v for k, v in when.items()):
+                why.setdefault(cls, f"isa={isa} with the profile's feature {feat}"
+                               + "".join(f", {k}={v}" for k, v in when.items()))
+    require = list(why)
     forbid = ([cls for cls, feat in FORBIDDEN_WITHOUT.get(arch, {}).items()
                if feat not in set(features)] if features is not None else [])
     result.found, result.symbols = counts, symbols
@@ -186,7 +227,8 @@ def check_library(lib: str | Path, *, isa: str | None = None, features=None,
         problems.append("no kernel symbols found in the library (stripped, or not a Colibri library)")
     for cls in require:
         if counts.get(cls, 0) == 0:
-            problems.append(f"isa={isa} promises {cls} registers, but the kernel symbols use none")
+            what = f"{cls} instructions" if cls in INSTRUCTION_CLASSES.get(arch, {}) else f"{cls} registers"
+            problems.append(f"{why[cls]} promises {what}, but the kernel symbols use none")
     for cls in forbid:
         if counts.get(cls, 0) > 0:
             problems.append(f"{counts[cls]} instructions use {cls} registers, which the profile "
