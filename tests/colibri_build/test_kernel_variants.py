@@ -34,9 +34,12 @@ CORNERS = [
     ("avx512", "zen5", 2, 1, 2, 512, 4096, 2048, 4, 2, 1, 8192, 4, 2, 256, 8, 3, 2, 0, 512, 64, 1),
     ("avx512", "zen4", 1, 2, 1, 2048, 0, 0, 2, 1, 2, 0, 6, 1, 128, 16, 2, 1, 0, 256, 32, 0),
     ("avx512", "zen5", 4, 2, 2, 0, 2048, 1024, 1, 4, 4, 1024, 3, 2, 512, 4, 4, 1, 0, 1024, 16, 1),
-    # NEON (SDOT on neoverse-n1) runs on aarch64 hosts only: on others this corner skips, and
-    # test_arm_emulated.py runs the Arm profiles' defaults under qemu-user
+    # NEON: SDOT on neoverse-n1; on neoverse-v2 BFDOT, BFMMLA and SMMLA (the gemm_mmla
+    # switches alternate by corner, see _knobs). Off aarch64 these run under qemu-user
+    # (tuner verify's kernel check on the corner's library), or skip without it.
     ("neon", "neoverse-n1", 2, 2, 2, 2048, 4096, 2048, 2, 4, 1, 4096, 3, 2, 256, 8, 3, 2, 0, 512, 64, 1),
+    ("neon", "neoverse-v2", 4, 1, 2, 512, 8192, 4096, 4, 2, 1, 1024, 2, 2, 128, 16, 2, 2, 0, 256, 32, 1),
+    ("neon", "neoverse-v2", 1, 2, 1, 8192, 2048, 1024, 1, 4, 2, 8192, 3, 1, 512, 4, 4, 1, 0, 1024, 16, 0),
 ]
 KNOBS = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "prefetch_int4",
          "prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch_f32",
@@ -68,6 +71,8 @@ def _knobs(corner):
     k["igemm_kc_int4"] = ikc[CORNERS[(i + 1) % len(CORNERS)][14]]
     amx = k.pop("amx")
     k["amx_f32"], k["amx_bf16"] = amx, (amx if i % 2 == 0 else 1 - amx)
+    # Arm's matrix multiplies: bf16 on odd corners, int8 on even ones
+    k["gemm_mmla_bf16"], k["gemm_mmla_int8"] = i % 2, 1 - i % 2
     return k
 
 
@@ -108,10 +113,11 @@ def test_corner_builds_and_is_correct(tmp_path, cases, corner):
     from colibri_build import cpuinfo, profiles
 
     ok, why = profiles.runs_on(profiles.get_profile(profile), cpuinfo.host_cpu())
-    if not ok:
-        pytest.skip(f"{profile} kernels cannot run on this host: {why}")
     knobs = _knobs(corner)
     cfg = render.write_config_h(tmp_path / "config.h", knobs, signature="0", profile=profile)
+    if not ok:
+        _emulated(profile, cfg, tmp_path, why)
+        return
     lib = build_profile(profile, config=cfg, build_dir=tmp_path / "build", quiet=True)
     for case in cases:
         for dtype in ("f32", "bf16", "int8", "int4"):
@@ -129,13 +135,41 @@ def test_corner_builds_and_is_correct(tmp_path, cases, corner):
         assert uses == 1, "the host has AMX and Linux >= 5.16, but the library did not get its tiles"
 
 
+def _emulated(profile, cfg, tmp_path, why):
+    """A corner for another architecture: its library and a colibri.h-only program run under
+    qemu-user on tuner verify's cases (every dtype; decode, prefill and gemm token counts)."""
+    from tuner.fleet import verify
+
+    if profiles_arch(profile) not in verify.QEMU:
+        pytest.skip(f"{profile} kernels cannot run on this host: {why}")
+    try:
+        rows = verify.verify(profile, build_dir=tmp_path / "build", config=cfg)
+    except verify.VerifyError as exc:
+        if "not installed" in str(exc) or "no aarch64 C library" in str(exc) or "absent" in str(exc):
+            pytest.skip(f"{exc} (`scripts/setup --test` installs it)")
+        raise
+    bad = [r for r in rows if not r.ok]
+    assert rows and not bad, bad
+    # and its instructions are the ISA level's these knobs select (BFDOT or BFMMLA, SDOT, SMMLA)
+    from tuner.build import isacheck
+
+    isa = isacheck.check_library(tmp_path / "build" / profile / "libcolibri.so")
+    assert isa.ok is True, isa.message
+
+
+def profiles_arch(profile):
+    from colibri_build import profiles
+
+    return profiles.get_profile(profile).arch
+
+
 def test_corners_cover_every_knob_value():
     spec = render.load_knob_spec("expert_ffn")
     names = set(_knobs(CORNERS[0]))
     assert names == set(spec.knobs)
     for name in names:
         assert {_knobs(c)[name] for c in CORNERS} == set(spec.knobs[name].values), name
-    # the int gemm knobs, on profiles whose ISA has a dot-product instruction
+    # the int gemm knobs, on x86 profiles whose ISA has a dot-product instruction
     vnni = [_knobs(c) for c in CORNERS if c[1] in ("icelake-server", "sapphirerapids", "zen4", "zen5")]
     for name in ("igemm_rows", "igemm_vecs", "igemm_kc_int8", "igemm_kc_int4", "gemm_min_tokens_int8",
                  "gemm_min_tokens_int4"):
@@ -149,5 +183,11 @@ def test_corners_cover_every_knob_value():
     # the bf16 pair dot, on profiles with AVX512_BF16 and no AMX (else bf16 takes the tiles)
     bfdot = [_knobs(c) for c in CORNERS if c[1] in ("zen4", "zen5")]
     assert {k["gemm_bf16_dot"] for k in bfdot} == set(spec.knobs["gemm_bf16_dot"].values)
+    # Arm's matrix multiplies where the target has them, each dtype on and off, and the bf16
+    # pair dot (BFDOT) on a corner without BFMMLA
+    v2 = [_knobs(c) for c in CORNERS if c[1] == "neoverse-v2"]
+    for name in ("gemm_mmla_bf16", "gemm_mmla_int8"):
+        assert {k[name] for k in v2} == set(spec.knobs[name].values), name
+    assert any(k["gemm_bf16_dot"] and not k["gemm_mmla_bf16"] for k in v2)
     for c in CORNERS:
         render.validate_knobs(spec, _knobs(c))

@@ -182,8 +182,10 @@ def capi_check(cc: str, lib: Path, runner: list[str], work: Path) -> Row:
     return Row("C API test", "-", 0, float(m.group(2)), ok, f"{m.group(1)} checks, {m.group(2)} failed")
 
 
-def verify(profile_name: str, *, build_dir: Path | None = None, quiet: bool = True) -> list[Row]:
-    """Build the profile's library and run the checks (see the module's doc)."""
+def verify(profile_name: str, *, build_dir: Path | None = None, config: Path | None = None,
+           quiet: bool = True) -> list[Row]:
+    """Build the profile's library (with a config.h's knobs where given, else the profile's
+    defaults) and run the checks (see the module's doc)."""
     from colibri import _lib
 
     prof = profiles.get_profile(profile_name)
@@ -194,7 +196,7 @@ def verify(profile_name: str, *, build_dir: Path | None = None, quiet: bool = Tr
         raise VerifyError(str(exc)) from None
     bdir = Path(build_dir) if build_dir else paths.build_dir_default()
     try:
-        lib = _lib.build_profile(profile_name, build_dir=bdir, quiet=quiet)
+        lib = _lib.build_profile(profile_name, build_dir=bdir, config=config, quiet=quiet)
     except _lib.LibraryNotFound as exc:
         raise VerifyError(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="colibri-verify-") as tmp:
@@ -226,6 +228,8 @@ def add_command(sub) -> None:
                        "2 usage.")
     p.add_argument("--profile", required=True, help="the profile to build and check (e.g. neoverse-n1)")
     p.add_argument("--build-dir", help="where the library is built (default build/)")
+    p.add_argument("--config", help="a config.h whose knobs the library is built with (a tuner "
+                   "artifact's; default: the profile's defaults)")
     p.set_defaults(func=main)
 
 
@@ -238,8 +242,10 @@ def main(args) -> int:
     print(f"tuner verify: building {args.profile} and running "
           f"{sum(len(c.tokens) for c in CASES) * len(DTYPES)} kernel checks"
           f"{' under qemu-user' if emulated else ''}", file=sys.stderr)
+    if args.config and not Path(args.config).is_file():
+        raise _cli.UsageError(f"--config {args.config}: no such file")
     try:
-        rows = verify(args.profile, build_dir=args.build_dir)
+        rows = verify(args.profile, build_dir=args.build_dir, config=args.config)
     except VerifyError as exc:
         print(f"tuner verify: {exc}", file=sys.stderr)
         return 1
