@@ -17,6 +17,9 @@ Made for machines without a terminal: progress goes to stderr as plain lines, ne
 JSON object). The tarball is written to a temporary name and renamed, so DIR never
 holds half an artifact. Exit status: 0 the artifact is written; 1 any failure
 (message on stderr); 2 usage; 3 the results store is locked by another run.
+
+With --emulated (and --profile P of another architecture), nothing is tuned or timed:
+tuner/fleet/emulated.py builds, verifies under qemu-user and packs the profile's defaults.
 """
 from __future__ import annotations
 
@@ -54,6 +57,12 @@ def add_command(sub) -> None:
     cli.add_run_options(p)
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (tarball, members, winner, figures)")
+    p.add_argument("--emulated", action="store_true",
+                   help="for a --profile of another architecture: no tuning and no timing; the "
+                   "profile's default knobs, cross-built, verified under qemu-user and ISA-checked, "
+                   "packed as DIR/colibri-<profile>-emulated.tar.gz whose manifest says "
+                   "'emulated, not timed' (the run options other than --profile and --build-dir "
+                   "do not apply)")
     p.set_defaults(func=main)
 
 
@@ -133,7 +142,32 @@ def build_artifact(summary: dict, out_dir: Path, write_report, say) -> dict:
             "sha256": digest, "bytes": tarball.stat().st_size}
 
 
+def main_emulated(args: argparse.Namespace) -> int:
+    from colibri_build import profiles
+    from tuner.fleet import emulated, verify
+
+    if not args.profile:
+        raise cli.UsageError("--emulated needs --profile (the machine to build for, e.g. neoverse-n1)")
+    known = sorted(profiles.registry())
+    if args.profile not in known:
+        raise cli.UsageError(f"unknown profile {args.profile!r} (known: {', '.join(known)})")
+    try:
+        art = emulated.build_artifact(args.profile, Path(args.out), build_dir=args.build_dir,
+                                      say=cli.plain_log())
+    except (emulated.EmulatedError, verify.VerifyError, OSError, ValueError) as exc:
+        print(f"tuner ci: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        json.dump(art, sys.stdout, indent=1)
+        print()
+    else:
+        print(art["tarball"])
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "emulated", False):
+        return main_emulated(args)
     from tuner.run import print_summary, run
     from tuner.store import StoreError, StoreLocked
 
