@@ -17,8 +17,9 @@ needs_arm = pytest.mark.skipif(
 
 
 @needs_arm
-def test_verify_passes_for_an_arm_profile_under_qemu(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "tuner", "verify", "--profile", "neoverse-n1",
+@pytest.mark.parametrize("profile", ["armv8-a", "neoverse-n1"])
+def test_verify_passes_for_an_arm_profile_under_qemu(tmp_path, profile):
+    res = subprocess.run([sys.executable, "-m", "tuner", "verify", "--profile", profile,
                           "--build-dir", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     assert "under qemu-user, not timed" in res.stdout
