@@ -4,6 +4,8 @@
     python -m colibri demo [--threads N] [--dtype DTYPE ...] [--json]
     python -m colibri convert SRC... --out MODEL.colibri [--arch ARCH] [--weight-dtype DTYPE]
                               [--config config.json] [--layers N-M] [--json] [--quiet]
+    python -m colibri generate --model DIR --prompt TEXT [--weight-dtype DTYPE]
+                               [--max-new-tokens N] [--threads T] [--no-patch] [--json]
 
 `python -m colibri COMMAND --help` documents each. Conventions shared with
 `python -m tuner`: data goes to stdout (as JSON with --json), progress and errors to
@@ -82,7 +84,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import convert
+    from . import convert, generate
 
     parser = _cli.Parser(
         prog="python -m colibri",
@@ -123,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description=convert.DESCRIPTION, epilog=convert.EPILOG)
     convert.add_arguments(p)
     p.set_defaults(func=_cmd_convert)
+    p = sub.add_parser("generate", help="generate text with a local transformers checkpoint whose "
+                                        "MoE blocks run on Colibri",
+                       description=generate.DESCRIPTION, epilog=generate.EPILOG)
+    generate.add_arguments(p)
+    p.set_defaults(func=generate.main)
     return parser
 
 

@@ -20,6 +20,13 @@ def _nonzero_dims(**dims):
 PAGE_KINDS = {0: "normal", 1: "thp", 2: "hugetlb", 3: "file"}
 
 
+def _gate_vector(g, H):
+    """shared_expert_gate as [H]: also as transformers stores it, a Linear(H, 1) weight [1, H]."""
+    if getattr(g, "ndim", None) == 2 and tuple(g.shape) == (1, H):
+        g = g[0]
+    return f32_array("shared_expert_gate", g, (H,))
+
+
 def _route_config(n_experts, top_k, scoring, norm_topk_prob, dyn_p, k_min, k_max):
     if not isinstance(scoring, str) or scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {sorted(SCORINGS)}, got {scoring!r}")
@@ -71,7 +78,7 @@ class MoELayer:
     router [E, H], gate/up [E, I, H], down [E, H, I]: float32 arrays, converted to
     `weight_dtype` ("f32", "bf16", "int8", "int4") and copied into one arena. Optional shared
     expert: shared_gate/up [S, H], shared_down [H, S], gated by sigmoid(shared_expert_gate . x)
-    when shared_expert_gate [H] is given. Calling the layer on float32 x [T, H] returns
+    when shared_expert_gate [H] (or transformers' [1, H]) is given. Calling the layer on float32 x [T, H] returns
     moe(x) [T, H] (no residual). close() (or leaving a `with` block) frees the engine's copy
     at once; using the layer after it raises ValueError. Calls on one layer from several
     Python threads run one at a time (close() must not free it under a call)."""
@@ -101,7 +108,7 @@ class MoELayer:
         if shared_expert_gate is not None:
             if S == 0:
                 raise ValueError("shared_expert_gate needs a shared expert")
-            shared_expert_gate = f32_array("shared_expert_gate", shared_expert_gate, (H,))
+            shared_expert_gate = _gate_vector(shared_expert_gate, H)
         mats = {"gate": gate, "up": up, "down": down}
         if S:
             mats.update(shared_gate=shared_gate, shared_up=shared_up, shared_down=shared_down)
@@ -152,7 +159,7 @@ class MoELayer:
             elif weight_dtype == "int4":
                 f32_array(f"{n} scales", scales, shapes[n][:-1] + (g,))
         if shared_expert_gate is not None:
-            shared_expert_gate = f32_array("shared_expert_gate", shared_expert_gate, (H,))
+            shared_expert_gate = _gate_vector(shared_expert_gate, H)
         self = cls.__new__(cls)
         self._create(router, encoded, shared_expert_gate, weight_dtype, **kw)
         return self

@@ -12,6 +12,7 @@ CASES = [
     ("colibri", ["demo", "--dtype", "f64"], "choose from"),
     ("colibri", ["dump-schema"], "required"),
     ("colibri", ["convert", "a.safetensors", "--out", "m.colibri", "--weight-dtype", "f64"], "choose from"),
+    ("colibri", ["generate", "--model", "m", "--prompt", "p", "--weight-dtype", "f64"], "choose from"),
     ("tuner", ["no-such-command"], "invalid choice"),
     ("tuner", ["run", "--profile", "nope"], "known: "),
     ("tuner", ["run", "--threads", "-3"], ">= 1"),
@@ -22,6 +23,7 @@ CASES = [
     ("tuner", ["run", "--min-seconds", "0"], "> 0"),
     ("tuner", ["run", "--strategy", "greedy"], "choose from"),
     ("tuner", ["ci", "--out", "unused", "--profile", "nope"], "known: "),
+    ("tuner", ["ci", "--out", "unused", "--emulated"], "--emulated needs --profile"),
     ("tuner", ["probe", "--threads", "0"], ">= 1"),
     ("tuner", ["probe", "--seconds", "-1"], "> 0"),
     ("tuner", ["profiles", "no-such-profile"], "no-such-profile"),
@@ -35,6 +37,7 @@ CASES = [
     ("colibri_bench", ["bench", "--threads", "0"], ">= 1"),
     ("colibri_bench", ["bench", "--phase", "sideways"], "known: "),
     ("colibri_bench", ["soak", "--tokens", "0"], ">= 1"),
+    ("colibri_bench", ["e2e", "--layers", "0"], ">= 1"),
 ]
 
 

@@ -1,0 +1,311 @@
+"""colibri.hf: a loaded transformers causal LM's sparse-MoE blocks run on Colibri's layers.
+
+    import colibri.hf
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    colibri.hf.patch(model, weight_dtype="bf16")   # -> how many blocks it replaced
+    model.generate(...)                             # attention, cache, sampling stay transformers'
+
+Each sparse-MoE block (Qwen3-MoE, Qwen2-MoE with its shared expert and sigmoid gate,
+Mixtral, OLMoE, and any block with the same contract) is replaced by a ColibriMoeBlock:
+a torch module holding a colibri.MoELayer built from the block's tensors in memory, in
+`weight_dtype`. The contract (what "the same" means):
+
+  block.gate        a router: weight [E, H], top_k; softmax over the E logits in float32,
+                    the top_k probabilities, renormalised where norm_topk_prob (Mixtral:
+                    always)
+  block.experts     SwiGLU experts (act silu): fused gate_up_proj [E, 2I, H] (gate rows
+                    first) and down_proj [E, H, I], or a list of per-expert MLPs
+                    (gate_proj/up_proj/down_proj, or Mixtral's w1/w3/w2)
+  block.shared_expert, block.shared_expert_gate (optional): an MLP of the same kind added
+                    to every token, scaled by sigmoid(shared_expert_gate(x)) ([1, H])
+
+Each replacement is checked before it goes in: the original block and the Colibri block
+run on a few random tokens and must agree (float32 models: 1e-4 relative; bf16 and
+quantized: a bound of their own, see CHECK_RTOL). A block that looks like a MoE block but
+breaks the contract (a sigmoid or grouped router, biases, another activation) is refused
+by name with the reason, and the model is left as it was. The original expert tensors go
+with the old block (nothing else holds them), so memory does not double.
+
+Activations: a float32 block input is passed to the engine without a copy; bf16 (or
+float16) input is converted to float32 once per call and the output converted back, so a
+bf16 model gets bf16 in and out. Token rows are independent: batch > 1 and padded
+positions go through as the original block takes them (the block sees no mask). Only
+inference: the patched blocks have no parameters and no gradient.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import quant
+from .layer import MoELayer
+
+# relative L2 error allowed when the original and the patched block are compared on
+# random tokens at patch time, by (model dtype, weight_dtype); the engine itself is
+# tested to 1e-4 per element against float64 (tests/engine)
+CHECK_RTOL = {"f32": 1e-4, "bf16": 3e-2, "int8": 1e-1, "int4": 3e-1}
+CHECK_TOKENS = 8
+
+
+class UnsupportedBlock(ValueError):
+    """A MoE block whose routing or experts Colibri does not compute (the message says why)."""
+
+
+@dataclass
+class _Weights:
+    router: np.ndarray                    # [E, H] float32
+    top_k: int
+    norm_topk_prob: bool
+    gate: list                            # per expert [I, H] torch tensors (views)
+    up: list
+    down: list                            # per expert [H, I]
+    shared: tuple | None                  # (gate [S, H], up [S, H], down [H, S]) tensors
+    shared_expert_gate: np.ndarray | None  # [H] float32
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - the module is useless without torch
+        raise ImportError("colibri.hf needs torch (and transformers for the models): "
+                          "pip install torch transformers") from exc
+    return torch
+
+
+def _looks_like_moe(module) -> bool:
+    name = type(module).__name__
+    return hasattr(module, "experts") and ("Moe" in name or "MoE" in name)
+
+
+def _act_name(obj) -> str | None:
+    """The experts' activation as a name where it can be told (a module's class, or torch's
+    silu function); None where it cannot (the patch-time check then decides)."""
+    torch = _torch()
+    act = getattr(obj, "act_fn", None)
+    if act is None or act is torch.nn.functional.silu:
+        return None if act is None else "silu"
+    if not isinstance(act, torch.nn.Module):
+        return None
+    name = type(act).__name__.lower()
+    return "silu" if name in ("siluactivation", "silu") else name
+
+
+def _mlp_weights(mlp, where: str):
+    """(gate [I, H], up [I, H], down [H, I]) of one SwiGLU MLP module."""
+    for g, u, d in (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")):
+        if all(hasattr(mlp, n) for n in (g, u, d)):
+            mods = [getattr(mlp, n) for n in (g, u, d)]
+            if any(getattr(m, "bias", None) is not None for m in mods):
+                raise UnsupportedBlock(f"{where}: its projections have biases (Colibri's experts have none)")
+            act = _act_name(mlp)
+            if act not in (None, "silu"):
+                raise UnsupportedBlock(f"{where}: activation {act} (Colibri computes SwiGLU with silu)")
+            return tuple(m.weight for m in mods)
+    raise UnsupportedBlock(f"{where}: an MLP without gate/up/down projections "
+                           f"({type(mlp).__name__})")
+
+
+def _expert_weights(experts, E: int, H: int, where: str):
+    torch = _torch()
+    if isinstance(experts, torch.nn.ModuleList):
+        if len(experts) != E:
+            raise UnsupportedBlock(f"{where}: {len(experts)} experts for a router of {E}")
+        ws = [_mlp_weights(m, f"{where} expert {i}") for i, m in enumerate(experts)]
+        return [w[0] for w in ws], [w[1] for w in ws], [w[2] for w in ws]
+    gu, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+    if not (isinstance(gu, torch.Tensor) and isinstance(down, torch.Tensor)):
+        raise UnsupportedBlock(f"{where}: experts {type(experts).__name__} hold neither a fused "
+                               "gate_up_proj/down_proj pair nor a list of expert MLPs")
+    if any(getattr(experts, b, None) is not None for b in ("gate_up_proj_bias", "down_proj_bias")):
+        raise UnsupportedBlock(f"{where}: its experts have biases (Colibri's experts have none)")
+    act = _act_name(experts)
+    if act not in (None, "silu"):
+        raise UnsupportedBlock(f"{where}: activation {act} (Colibri computes SwiGLU with silu)")
+    if gu.dim() != 3 or down.dim() != 3 or gu.shape[0] != E or down.shape[0] != E:
+        raise UnsupportedBlock(f"{where}: expert tensors {list(gu.shape)}, {list(down.shape)} "
+                               f"for {E} experts")
+    if gu.shape[2] == H and gu.shape[1] % 2 == 0:        # [E, 2I, H]
+        I = gu.shape[1] // 2
+        gate, up = gu[:, :I, :], gu[:, I:, :]
+    elif gu.shape[1] == H and gu.shape[2] % 2 == 0:      # [E, H, 2I]
+        I = gu.shape[2] // 2
+        gate, up = gu[:, :, :I].transpose(1, 2), gu[:, :, I:].transpose(1, 2)
+    else:
+        raise UnsupportedBlock(f"{where}: gate_up_proj {list(gu.shape)} fits no layout for hidden {H}")
+    if tuple(down.shape[1:]) == (I, H):                  # [E, I, H]: transposed down
+        down = down.transpose(1, 2)
+    if tuple(down.shape[1:]) != (H, I):
+        raise UnsupportedBlock(f"{where}: down_proj {list(down.shape)} does not match inter {I}, hidden {H}")
+    return [gate[e] for e in range(E)], [up[e] for e in range(E)], [down[e] for e in range(E)]
+
+
+def block_weights(block, where: str = "block") -> _Weights:
+    """The tensors and routing of a block under the module's contract; UnsupportedBlock else."""
+    torch = _torch()
+    router = getattr(block, "gate", None)
+    w = getattr(router, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        raise UnsupportedBlock(f"{where}: no router (gate) with a 2-D weight")
+    if getattr(router, "bias", None) is not None or any(
+            n not in ("weight",) for n, _ in router.named_parameters(recurse=True)):
+        extra = [n for n, _ in router.named_parameters(recurse=True) if n != "weight"] or ["bias"]
+        raise UnsupportedBlock(f"{where}: its router has parameters besides its weight ({', '.join(extra)}): "
+                               "a biased or grouped router, which Colibri's softmax top-k does not compute")
+    E, H = w.shape
+    top_k = getattr(router, "top_k", None) or getattr(block, "top_k", None)
+    if not isinstance(top_k, int) or not 1 <= top_k <= E:
+        raise UnsupportedBlock(f"{where}: no top_k in 1..{E} on its router")
+    norm = getattr(router, "norm_topk_prob", True)  # Mixtral's router always renormalises
+    gate, up, down = _expert_weights(block.experts, E, H, where)
+    shared = seg = None
+    if getattr(block, "shared_expert", None) is not None:
+        shared = _mlp_weights(block.shared_expert, f"{where} shared expert")
+        sg = getattr(block, "shared_expert_gate", None)
+        if sg is not None:
+            if getattr(sg, "bias", None) is not None or tuple(sg.weight.shape) != (1, H):
+                raise UnsupportedBlock(f"{where}: shared_expert_gate must be Linear({H}, 1) without bias")
+            seg = sg.weight.detach().float().reshape(H).numpy().copy()
+    return _Weights(router=w.detach().float().numpy().copy(), top_k=int(top_k),
+                    norm_topk_prob=bool(norm), gate=gate, up=up, down=down, shared=shared,
+                    shared_expert_gate=seg)
+
+
+def _encode(mats: list, weight_dtype: str):
+    """Per-expert torch matrices [R, C] -> (stored [E, R, C'], scales or None), one expert's
+    float32 copy at a time; bf16 tensors into bf16 as their bits."""
+    torch = _torch()
+    out = scales = None
+    for e, m in enumerate(mats):
+        m = m.detach()
+        if weight_dtype == "bf16" and m.dtype == torch.bfloat16:
+            st, sc = m.contiguous().view(torch.int16).numpy().view(np.uint16), None
+        else:
+            st, sc = quant.encode(m.float().contiguous().numpy(), weight_dtype)
+        if out is None:
+            out = np.empty((len(mats), *st.shape), st.dtype)
+            scales = None if sc is None else np.empty((len(mats), *sc.shape), sc.dtype)
+        out[e] = st
+        if sc is not None:
+            scales[e] = sc
+    return out, scales
+
+
+def build_layer(w: _Weights, weight_dtype: str, threads=None, lib=None) -> MoELayer:
+    encoded = {n: _encode(getattr(w, n), weight_dtype) for n in ("gate", "up", "down")}
+    if w.shared is not None:
+        for n, m in zip(("shared_gate", "shared_up", "shared_down"), w.shared):
+            st, sc = _encode([m], weight_dtype)
+            encoded[n] = (st[0], None if sc is None else sc[0])
+    return MoELayer.from_encoded(w.router, encoded, weight_dtype=weight_dtype, top_k=w.top_k,
+                                 norm_topk_prob=w.norm_topk_prob,
+                                 shared_expert_gate=w.shared_expert_gate, threads=threads, lib=lib)
+
+
+def _module_class():
+    torch = _torch()
+
+    class ColibriMoeBlock(torch.nn.Module):
+        """A sparse-MoE block computed by a colibri.MoELayer (see colibri.hf)."""
+
+        def __init__(self, layer: MoELayer, original: str):
+            super().__init__()
+            self.layer, self.original = layer, original
+
+        def forward(self, hidden_states):
+            shape, dtype = hidden_states.shape, hidden_states.dtype
+            if hidden_states.device.type != "cpu":
+                raise ValueError(f"{self.original} patched by Colibri runs on the CPU; got a tensor "
+                                 f"on {hidden_states.device}")
+            x = hidden_states.detach().reshape(-1, shape[-1])
+            if x.dtype != torch.float32 or not x.is_contiguous():
+                x = x.to(torch.float32).contiguous()
+            out = torch.empty_like(x)
+            self.layer(x.numpy(), out=out.numpy())
+            return out.to(dtype).reshape(shape)
+
+        def extra_repr(self):
+            L = self.layer
+            return (f"{self.original}: {L.n_experts} experts, top {L.top_k}, hidden {L.hidden}, "
+                    f"inter {L.inter}{f', shared {L.shared_inter}' if L.shared_inter else ''}, "
+                    f"weights {L.weight_dtype}")
+
+    return ColibriMoeBlock
+
+
+_CLASS = None
+
+
+def colibri_block_class():
+    global _CLASS
+    if _CLASS is None:
+        _CLASS = _module_class()
+    return _CLASS
+
+
+def _check(block, new, H: int, where: str, model_dtype, weight_dtype: str) -> None:
+    """The original and the new block on CHECK_TOKENS random tokens; UnsupportedBlock if apart."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, CHECK_TOKENS, H, generator=g).to(model_dtype)
+    with torch.no_grad():
+        want = block(x)
+        want = want[0] if isinstance(want, tuple) else want
+        got = new(x)
+    want, got = want.float(), got.float()
+    err = float(torch.linalg.norm(got - want) / max(float(torch.linalg.norm(want)), 1e-30))
+    tol = CHECK_RTOL["f32" if model_dtype == torch.float32 and weight_dtype == "f32" else
+                     weight_dtype if weight_dtype != "f32" else "bf16"]
+    if not err <= tol:
+        raise UnsupportedBlock(f"{where} ({type(block).__name__}): Colibri's layer differs from the "
+                               f"block by {err:.3g} (relative L2, allowed {tol:g}) on random tokens: "
+                               "its routing or experts are not the softmax top-k SwiGLU contract")
+
+
+def patch(model, *, weight_dtype: str = "f32", linear: bool = False, threads=None, lib=None,
+          check: bool = True) -> int:
+    """Replace every sparse-MoE block of `model` (a torch module, e.g. a transformers causal
+    LM) by a ColibriMoeBlock in `weight_dtype`; returns how many it replaced. Raises
+    UnsupportedBlock naming the first block that breaks the contract (module doc), leaving
+    the model as it was. `check`: compare each new block with the original first."""
+    torch = _torch()
+    if weight_dtype not in quant.DTYPES:
+        raise ValueError(f"weight_dtype must be one of {quant.DTYPES}, got {weight_dtype!r}")
+    if linear:
+        raise NotImplementedError("patch(linear=True) (dense projections on Colibri) is not built yet")
+    Block = colibri_block_class()
+    # names only: a held reference would keep a replaced block's tensors alive
+    targets = [(name, type(mod)) for name, mod in model.named_modules()
+               if name and _looks_like_moe(mod) and not isinstance(mod, Block)]
+    for name, _ in targets:  # the contract of every block, before anything is built
+        block_weights(model.get_submodule(name), name)
+    p = next(model.parameters(), None)
+    model_dtype = p.dtype if p is not None else torch.float32
+
+    def make(name, block):
+        w = block_weights(block, name)
+        new = Block(build_layer(w, weight_dtype, threads=threads, lib=lib), type(block).__name__)
+        del w
+        if check:
+            _check(block, new, new.layer.hidden, name, model_dtype, weight_dtype)
+        return new
+
+    # the first block of each class is built and checked before any is swapped in: a
+    # refused class leaves the model as it was
+    first = {}
+    for name, cls in targets:
+        if cls not in first:
+            first[cls] = (name, make(name, model.get_submodule(name)))
+    done = 0
+    for name, cls in targets:
+        kept = first.pop(cls) if first.get(cls, ("",))[0] == name else None
+        try:
+            new = kept[1] if kept else make(name, model.get_submodule(name))
+        except UnsupportedBlock as exc:
+            raise UnsupportedBlock(f"{exc} ({done} blocks before it were replaced)") from None
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, new)  # the old block, and its expert tensors, go with it
+        del new, kept
+        done += 1
+    return done

@@ -1,0 +1,232 @@
+"""colibri.hf.patch and python -m colibri generate on random-init transformers models of the
+four families (Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral, OLMoE): f32 logits and
+greedy tokens as the unpatched model's; bf16/int8/int4 within stated bounds; replaced
+blocks and layers freed; a checkpoint folder written here generates from the command line."""
+import gc
+import json
+import subprocess
+import sys
+import weakref
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import colibri.hf as hf  # noqa: E402
+
+COMMON = dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+FAMILIES = {
+    "qwen3_moe": ("Qwen3MoeConfig", dict(intermediate_size=96, moe_intermediate_size=32, num_experts=8,
+                                         num_experts_per_tok=2, norm_topk_prob=True, head_dim=16)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(intermediate_size=96, moe_intermediate_size=32, num_experts=8,
+                                         num_experts_per_tok=3, norm_topk_prob=False,
+                                         shared_expert_intermediate_size=48)),
+    "mixtral": ("MixtralConfig", dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2)),
+    "olmoe": ("OlmoeConfig", dict(intermediate_size=40, num_experts=8, num_experts_per_tok=2,
+                                  norm_topk_prob=False)),
+}
+# relative L2 error of the logits against the unpatched float32 model, by weight dtype:
+# f32 is the issue's 1e-4; the others are the weights' own rounding (bf16 2^-9 per weight,
+# int8 per-row scales, int4 groups of 32). Measured on these models (4 families x 2 seeds):
+# bf16 2.0-2.6e-4, int8 1.0-1.3e-3, int4 1.2-1.6e-2; the bounds are ~3-4x that
+LOGIT_RTOL = {"f32": 1e-4, "bf16": 1e-3, "int8": 5e-3, "int4": 5e-2}
+
+
+def make_model(family, seed=0):
+    cls_name, extra = FAMILIES[family]
+    config = getattr(transformers, cls_name)(**COMMON, **extra)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # routers with a clear margin: near-ties would flip on rounding alone
+        for name, mod in model.named_modules():
+            if name.endswith("mlp.gate") and hasattr(mod, "weight"):
+                mod.weight.normal_(0.0, 1.0)
+    return model
+
+
+def copy_of(model):
+    import copy
+
+    return copy.deepcopy(model)
+
+
+def _ids(seed=1, batch=2, length=11):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, COMMON["vocab_size"], (batch, length), generator=g)
+
+
+def _rel(a, b):
+    return float(torch.linalg.norm((a - b).float()) / torch.linalg.norm(b.float()))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_f32_logits_and_greedy_tokens_match_the_unpatched_model(family):
+    model = make_model(family)
+    patched = copy_of(model)
+    n = hf.patch(patched, weight_dtype="f32")
+    assert n == COMMON["num_hidden_layers"]
+    assert sum(isinstance(m, hf.colibri_block_class()) for m in patched.modules()) == n
+    ids = _ids()
+    with torch.no_grad():
+        want, got = model(ids).logits, patched(ids).logits
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert _rel(got, want) <= 1e-4
+    assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
+    # batch with padding: a left-padded batch through generate(), greedy
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(patched.generate(ids, **kw), model.generate(ids, **kw))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "int8", "int4"])
+def test_quantized_experts_stay_within_their_bounds(dtype):
+    model = make_model("qwen2_moe", seed=3)
+    patched = copy_of(model)
+    hf.patch(patched, weight_dtype=dtype)
+    ids = _ids(seed=4)
+    with torch.no_grad():
+        err = _rel(patched(ids).logits, model(ids).logits)
+    assert err <= LOGIT_RTOL[dtype], (dtype, err)
+    assert err > 0  # the weights were really rounded
+
+
+def test_a_bf16_model_gets_bf16_in_and_out():
+    model = make_model("qwen3_moe", seed=5).to(torch.bfloat16)
+    ref = copy_of(model)
+    hf.patch(model, weight_dtype="bf16")
+    block = model.model.layers[0].mlp
+    x = torch.randn(2, 5, COMMON["hidden_size"]).to(torch.bfloat16)
+    with torch.no_grad():  # the same bf16 weights computed in float32: only y's rounding apart
+        y, want = block(x), ref.model.layers[0].mlp.float()(x.float())
+    assert y.dtype == torch.bfloat16 and y.shape == x.shape
+    assert _rel(y, want) <= 2**-8
+    with torch.no_grad():
+        assert model(_ids()).logits.dtype == torch.bfloat16
+
+
+def test_replaced_blocks_and_layers_are_freed():
+    model = make_model("mixtral", seed=6)
+    old = [weakref.ref(layer.mlp) for layer in model.model.layers]
+    old_experts = [weakref.ref(layer.mlp.experts.gate_up_proj) for layer in model.model.layers]
+    hf.patch(model)
+    gc.collect()
+    assert all(r() is None for r in old), "a replaced block is still referenced"
+    assert all(r() is None for r in old_experts), "the original expert tensors are still alive"
+    layers = [weakref.ref(m.layer) for m in model.modules() if isinstance(m, hf.colibri_block_class())]
+    assert len(layers) == COMMON["num_hidden_layers"]
+    del model
+    gc.collect()
+    assert all(r() is None for r in layers), "a patched model's Colibri layers outlive it"
+
+
+def test_a_block_outside_the_contract_is_refused_by_name_and_the_model_kept():
+    model = make_model("olmoe", seed=7)
+    before = {n: type(m) for n, m in model.named_modules()}
+
+    class SigmoidRouter(torch.nn.Module):  # a router of another kind (sigmoid scoring, a bias)
+        def __init__(self, gate):
+            super().__init__()
+            self.weight, self.top_k = gate.weight, gate.top_k
+            self.e_score_correction_bias = torch.nn.Parameter(torch.zeros(gate.weight.shape[0]))
+
+    model.model.layers[1].mlp.gate = SigmoidRouter(model.model.layers[1].mlp.gate)
+    with pytest.raises(hf.UnsupportedBlock, match=r"model\.layers\.1\.mlp.*e_score_correction_bias"):
+        hf.patch(model)
+    assert not any(isinstance(m, hf.colibri_block_class()) for m in model.modules())
+    assert type(model.model.layers[0].mlp) is before["model.layers.0.mlp"]
+
+
+def test_a_block_that_computes_something_else_fails_the_check():
+    model = make_model("qwen3_moe", seed=8)
+    for layer in model.model.layers:  # gelu experts: the same tensors, another function
+        layer.mlp.experts.act_fn = torch.nn.GELU()
+    with pytest.raises(hf.UnsupportedBlock, match="activation gelu"):
+        hf.patch(model)
+    for layer in model.model.layers:
+        layer.mlp.experts.act_fn = torch.nn.Tanh()  # a name the contract cannot tell
+        del layer.mlp.experts.act_fn
+        layer.mlp.experts.act_fn = lambda v: torch.tanh(v)
+    with pytest.raises(hf.UnsupportedBlock, match="differs from the block"):
+        hf.patch(model)
+    assert not any(isinstance(m, hf.colibri_block_class()) for m in model.modules())
+
+
+def test_hf_shaped_shared_expert_gate_is_accepted():
+    import colibri
+
+    rng = np.random.default_rng(0)
+    E, I, H, S = 4, 8, 16, 12
+    w = lambda *s: rng.standard_normal(s, dtype=np.float32) * 0.1
+    args = (w(E, H), w(E, I, H), w(E, I, H), w(E, H, I))
+    kw = dict(top_k=2, shared_gate=w(S, H), shared_up=w(S, H), shared_down=w(H, S))
+    g = w(1, H)
+    x = w(5, H)
+    with colibri.MoELayer(*args, shared_expert_gate=g, **kw) as a, \
+            colibri.MoELayer(*args, shared_expert_gate=g[0], **kw) as b:
+        assert np.array_equal(a(x), b(x))
+    with pytest.raises(ValueError, match="shared_expert_gate"):
+        colibri.MoELayer(*args, shared_expert_gate=w(2, H), **kw)
+
+
+# ---- python -m colibri generate on a checkpoint folder written here
+
+def _save_checkpoint(path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<unk>", "<eos>"] + [f"w{i}" for i in range(COMMON["vocab_size"] - 2)]
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<eos>",
+                                               pad_token="<eos>")
+    model = make_model("qwen3_moe", seed=9)
+    model.generation_config.eos_token_id = None  # generate every token asked for
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return _save_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-qwen3-moe")
+
+
+def _generate(*args):
+    return subprocess.run([sys.executable, "-m", "colibri", "generate", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_generate_streams_text_and_reports_speed_and_memory(checkpoint):
+    prompt = "w3 w7 w11 w5"
+    res = _generate("--model", str(checkpoint), "--prompt", prompt, "--max-new-tokens", "6", "--threads", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip(), "no text streamed"
+    assert "2 MoE blocks on Colibri (f32)" in res.stderr and "tok/s" in res.stderr and "peak RSS" in res.stderr
+    js = _generate("--model", str(checkpoint), "--prompt", prompt, "--max-new-tokens", "6", "--json")
+    assert js.returncode == 0, js.stderr[-3000:]
+    out = json.loads(js.stdout)
+    assert out["patched_blocks"] == 2 and out["new_tokens"] == 6 and out["prompt_tokens"] == 4
+    assert out["prefill_tokens_per_s"] > 0 and out["decode_tokens_per_s"] > 0 and out["peak_rss_bytes"] > 0
+    assert out["text"].strip() == res.stdout.strip()
+    base = json.loads(_generate("--model", str(checkpoint), "--prompt", prompt, "--max-new-tokens", "6",
+                                "--json", "--no-patch").stdout)
+    assert base["patched_blocks"] == 0 and base["text"] == out["text"]  # greedy: the same tokens
+
+
+def test_generate_errors_are_clear(tmp_path, checkpoint):
+    res = _generate("--model", str(tmp_path / "absent"), "--prompt", "w1")
+    assert res.returncode == 1 and "not a folder" in res.stderr
+    (tmp_path / "empty").mkdir()
+    res = _generate("--model", str(tmp_path / "empty"), "--prompt", "w1")
+    assert res.returncode == 1 and "no config.json" in res.stderr
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    res = _generate("--model", str(bad), "--prompt", "w1")
+    assert res.returncode == 1 and "architecture" in res.stderr and "Traceback" not in res.stderr
+    res = _generate("--model", str(checkpoint), "--prompt", "w1", "--max-new-tokens", "0")
+    assert res.returncode == 2
