@@ -1,5 +1,6 @@
-"""python -m colibri_bench: bench (the MoE layer beside its peers) and soak (memory over a
-long run). `python -m colibri_bench COMMAND --help` documents each; exit status as in
+"""python -m colibri_bench: bench (the MoE layer beside its peers), soak (memory over a
+long run) and e2e (whole transformers models, patched against unpatched).
+`python -m colibri_bench COMMAND --help` documents each; exit status as in
 `python -m tuner` (0 ok, 1 failed, 2 usage)."""
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from colibri import _cli
 COMMANDS = {"bench": "the MoE layer side by side with NumPy and PyTorch, tuned and default "
                      "library, with the read bandwidth",
             "soak": "run a layer over N tokens, creating and freeing layers, and report "
-                    "resident memory over time"}
+                    "resident memory over time",
+            "e2e": "whole transformers models with their MoE blocks on Colibri against unpatched: "
+                   "prefill and decode tokens/s, time inside the MoE blocks"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
         from colibri_bench import bench
 
         return bench.main(argv[1:])
+    if argv[:1] == ["e2e"]:
+        from colibri_bench import e2e
+
+        return e2e.main(argv[1:])
     if argv[:1] == ["soak"]:
         from colibri_bench import soak
 

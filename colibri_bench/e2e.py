@@ -1,0 +1,231 @@
+"""python -m colibri_bench e2e: whole transformers models, patched (colibri.hf) against
+unpatched, end to end: prefill and decode tokens/s of generate(), and the time spent inside
+the MoE blocks (forward hooks), on random-init models with real shapes (no download).
+
+    python -m colibri_bench e2e [--shape qwen3-30b-a3b|olmoe-1b-7b] [--layers 4]
+                                [--weight-dtype bf16 ...] [--prompt-tokens 128]
+                                [--new-tokens 16] [--rounds 3] [--threads 2] [--out FILE]
+
+The model is built in bf16 with the shape's real hidden, expert, attention and vocabulary
+sizes and `--layers` decoder layers. For each weight dtype a second model (same seed) is
+patched, and the two run interleaved, `--rounds` rounds each (the order alternating), so
+slow phases of a shared machine fall on both; the table gives medians and [min, max] of
+the patched/unpatched ratios. The JSON goes to reports/<host-id>/e2e.json beside bench.json.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from colibri import _cli
+
+SHAPES = {
+    # Qwen3-30B-A3B's config.json sizes; the number of layers is the run's
+    "qwen3-30b-a3b": ("Qwen3MoeConfig", dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, max_position_embeddings=4096, tie_word_embeddings=False)),
+    # OLMoE-1B-7B's
+    "olmoe-1b-7b": ("OlmoeConfig", dict(
+        vocab_size=50304, hidden_size=2048, intermediate_size=1024, num_experts=64,
+        num_experts_per_tok=8, norm_topk_prob=False, num_attention_heads=16, num_key_value_heads=16,
+        max_position_embeddings=4096, tie_word_embeddings=False)),
+    # a small one for the test suite
+    "tiny": ("Qwen3MoeConfig", dict(
+        vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=512, tie_word_embeddings=False)),
+}
+
+
+def build_model(shape: str, layers: int, seed: int = 0):
+    import torch
+    import transformers
+
+    cls, sizes = SHAPES[shape]
+    config = getattr(transformers, cls)(**sizes, num_hidden_layers=layers)
+    torch.manual_seed(seed)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: no float32 copy of the weights
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    finally:
+        torch.set_default_dtype(prev)
+    model.generation_config.eos_token_id = None  # every run generates all it is asked for
+    return model.eval()
+
+
+class MoeClock:
+    """Seconds spent inside the model's MoE blocks (forward pre/post hooks), split into
+    prefill (calls on more than one token) and decode (one token) calls."""
+
+    def __init__(self, model):
+        from colibri import hf
+
+        self.prefill = self.decode = 0.0
+        self._t0, self._hooks = None, []
+        for name, mod in model.named_modules():
+            if name and (hf._looks_like_moe(mod) or isinstance(mod, hf.colibri_block_class())):
+                self._hooks.append(mod.register_forward_pre_hook(self._pre))
+                self._hooks.append(mod.register_forward_hook(self._post))
+
+    def _pre(self, mod, args):
+        self._t0 = time.perf_counter()
+
+    def _post(self, mod, args, out):
+        dt = time.perf_counter() - self._t0
+        tokens = args[0].shape[0] * args[0].shape[1] if args[0].dim() == 3 else args[0].shape[0]
+        if tokens > 1:
+            self.prefill += dt
+        else:
+            self.decode += dt
+
+    def reset(self):
+        self.prefill = self.decode = 0.0
+
+    def remove(self):
+        for h in self._hooks:
+            h.remove()
+
+
+def time_generate(model, clock: MoeClock, prompt_tokens: int, new_tokens: int, vocab: int) -> dict:
+    """One greedy generate(): prefill seconds (to the first new token), decode tokens/s and
+    the MoE blocks' seconds per phase."""
+    import torch
+
+    times = []
+
+    class Stamp:
+        def put(self, value):
+            times.append(time.perf_counter())
+
+        def end(self):
+            pass
+
+    ids = torch.randint(0, vocab, (1, prompt_tokens), generator=torch.Generator().manual_seed(1))
+    clock.reset()
+    start = time.perf_counter()
+    with torch.no_grad():
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, do_sample=False, streamer=Stamp(), pad_token_id=0)
+    prefill = times[1] - start
+    decode = times[-1] - times[1]
+    steps = len(times) - 2
+    return {"prefill_s": prefill, "prefill_tok_s": prompt_tokens / prefill,
+            "decode_tok_s": steps / decode, "decode_ms_per_token": 1e3 * decode / steps,
+            "moe_prefill_s": clock.prefill, "moe_decode_ms_per_token": 1e3 * clock.decode / steps}
+
+
+def _summary(rows_a: list[dict], rows_b: list[dict]) -> dict:
+    """Medians of each figure and of the per-round ratios patched/unpatched (speed-ups)."""
+    med = lambda rows, k: statistics.median(r[k] for r in rows)
+    out = {"unpatched": {k: med(rows_a, k) for k in rows_a[0]}, "patched": {k: med(rows_b, k) for k in rows_b[0]}}
+    speed = {"decode": lambda a, b: b["decode_tok_s"] / a["decode_tok_s"],
+             "prefill": lambda a, b: b["prefill_tok_s"] / a["prefill_tok_s"],
+             "moe_decode": lambda a, b: a["moe_decode_ms_per_token"] / b["moe_decode_ms_per_token"],
+             "moe_prefill": lambda a, b: a["moe_prefill_s"] / b["moe_prefill_s"]}
+    out["speedup"] = {}
+    for k, f in speed.items():
+        r = [f(a, b) for a, b in zip(rows_a, rows_b)]
+        out["speedup"][k] = {"median": statistics.median(r), "min": min(r), "max": max(r)}
+    return out
+
+
+def run(args, say) -> dict:
+    import torch
+
+    from colibri import hf
+
+    torch.set_num_threads(args.threads)
+    vocab = SHAPES[args.shape][1]["vocab_size"]
+    say(f"building the {args.shape}-shaped model ({args.layers} layers, bf16, random init)")
+    base = build_model(args.shape, args.layers)
+    base_clock = MoeClock(base)
+    results = {}
+    for wdt in args.weight_dtype:
+        say(f"building and patching a second model: MoE blocks on Colibri in {wdt}")
+        patched = build_model(args.shape, args.layers)
+        t0 = time.perf_counter()
+        n = hf.patch(patched, weight_dtype=wdt, threads=args.threads)
+        patch_s = time.perf_counter() - t0
+        clock = MoeClock(patched)
+        # a warm-up of each (first-call costs: library load, page faults, torch's first kernels)
+        time_generate(base, base_clock, args.prompt_tokens, 2, vocab)
+        time_generate(patched, clock, args.prompt_tokens, 2, vocab)
+        rows_a, rows_b = [], []
+        for r in range(args.rounds):
+            for which in ((0, 1) if r % 2 == 0 else (1, 0)):
+                if which == 0:
+                    rows_a.append(time_generate(base, base_clock, args.prompt_tokens, args.new_tokens, vocab))
+                else:
+                    rows_b.append(time_generate(patched, clock, args.prompt_tokens, args.new_tokens, vocab))
+            say(f"  {wdt} round {r + 1}/{args.rounds}: decode {rows_a[-1]['decode_tok_s']:.2f} -> "
+                f"{rows_b[-1]['decode_tok_s']:.2f} tok/s, prefill {rows_a[-1]['prefill_tok_s']:.1f} -> "
+                f"{rows_b[-1]['prefill_tok_s']:.1f} tok/s")
+        results[wdt] = {"blocks": n, "patch_s": patch_s, **_summary(rows_a, rows_b),
+                        "rounds": {"unpatched": rows_a, "patched": rows_b}}
+        clock.remove()
+        del patched, clock
+        gc.collect()
+    return results
+
+
+def print_table(out: dict, stream=sys.stdout) -> None:
+    print(f"e2e {out['shape']}, {out['layers']} layers, bf16 model, {out['threads']} threads, "
+          f"prompt {out['prompt_tokens']} + {out['new_tokens']} new tokens, {out['rounds']} rounds "
+          "(medians; speed-ups [min, max] over rounds)", file=stream)
+    print(f"{'MoE on':8} {'decode tok/s':>22} {'speed-up':>19} {'MoE ms/token':>17} {'speed-up':>19} "
+          f"{'prefill tok/s':>20} {'speed-up':>19}", file=stream)
+    for wdt, r in out["results"].items():
+        a, b, s = r["unpatched"], r["patched"], r["speedup"]
+        sp = lambda k: f"{s[k]['median']:.2f}x [{s[k]['min']:.2f}, {s[k]['max']:.2f}]"
+        print(f"{wdt:8} {a['decode_tok_s']:9.2f} -> {b['decode_tok_s']:8.2f} {sp('decode'):>19} "
+              f"{a['moe_decode_ms_per_token']:6.1f} -> {b['moe_decode_ms_per_token']:6.1f} {sp('moe_decode'):>19} "
+              f"{a['prefill_tok_s']:8.1f} -> {b['prefill_tok_s']:8.1f} {sp('prefill'):>19}", file=stream)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from colibri import quant
+
+    ap = _cli.Parser(prog="python -m colibri_bench e2e", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b")
+    ap.add_argument("--layers", type=_cli.positive_int, default=4)
+    ap.add_argument("--weight-dtype", action="append", choices=list(quant.DTYPES),
+                    help="the patched MoE blocks' weight dtype (repeatable; default bf16, int8, int4)")
+    ap.add_argument("--prompt-tokens", type=_cli.positive_int, default=128)
+    ap.add_argument("--new-tokens", type=_cli.positive_int, default=16)
+    ap.add_argument("--rounds", type=_cli.positive_int, default=3)
+    ap.add_argument("--threads", type=_cli.positive_int, default=2)
+    ap.add_argument("--out", help="JSON output (default reports/<host-id>/e2e.json)")
+    args = ap.parse_args(argv)
+    if args.new_tokens < 2:
+        ap.error("--new-tokens must be >= 2 (decode is timed from the first new token on)")
+    args.weight_dtype = args.weight_dtype or ["bf16", "int8", "int4"]
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        print(f"colibri_bench e2e: needs torch and transformers ({exc})", file=sys.stderr)
+        return 1
+    say = lambda m: print(m, file=sys.stderr, flush=True)
+    results = run(args, say)
+    from colibri_build import hostid
+
+    out = {"shape": args.shape, "layers": args.layers, "threads": args.threads,
+           "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "rounds": args.rounds,
+           "host_id": hostid.host_id(), "created": datetime.datetime.now(datetime.timezone.utc).isoformat(
+               timespec="seconds"), "results": results}
+    print_table(out)
+    from colibri_build.paths import reports_dir_default
+
+    path = Path(args.out) if args.out else reports_dir_default() / out["host_id"] / "e2e.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+    say(f"wrote {path}")
+    return 0

@@ -1,0 +1,41 @@
+"""python -m colibri_bench e2e on its tiny shape: the table, the JSON, and figures from real
+runs (what it measures is checked, not how fast: speed is for the full-size command)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+def test_e2e_writes_patched_against_unpatched_figures(tmp_path):
+    out = tmp_path / "e2e.json"
+    res = subprocess.run([sys.executable, "-m", "colibri_bench", "e2e", "--shape", "tiny", "--layers", "2",
+                          "--weight-dtype", "bf16", "--weight-dtype", "int4", "--rounds", "2",
+                          "--prompt-tokens", "12", "--new-tokens", "3", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert set(data["results"]) == {"bf16", "int4"}
+    for wdt, r in data["results"].items():
+        assert r["blocks"] == 2
+        assert len(r["rounds"]["unpatched"]) == len(r["rounds"]["patched"]) == 2
+        for side in ("unpatched", "patched"):
+            row = r[side]
+            assert row["decode_tok_s"] > 0 and row["prefill_tok_s"] > 0
+            # the hooks saw the MoE blocks: time inside them, less than the whole step
+            assert 0 < row["moe_decode_ms_per_token"] < row["decode_ms_per_token"]
+            assert 0 < row["moe_prefill_s"] < row["prefill_s"]
+        for k in ("decode", "prefill", "moe_decode", "moe_prefill"):
+            s = r["speedup"][k]
+            assert s["min"] <= s["median"] <= s["max"]
+        assert f"\n{wdt} " in res.stdout
+    assert "decode tok/s" in res.stdout and "MoE ms/token" in res.stdout
+
+
+def test_e2e_refuses_too_few_new_tokens():
+    res = subprocess.run([sys.executable, "-m", "colibri_bench", "e2e", "--new-tokens", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--new-tokens" in res.stderr
