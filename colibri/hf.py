@@ -26,6 +26,10 @@ breaks the contract (a sigmoid or grouped router, biases, another activation) is
 by name with the reason, and the model is left as it was. The original expert tensors go
 with the old block (nothing else holds them), so memory does not double.
 
+With linear=True every torch.nn.Linear left (attention projections, dense MLPs, lm_head)
+goes on a colibri.Linear in the same weight dtype (ColibriLinear; a bias stays torch's),
+checked the same way.
+
 Activations: a float32 block input is passed to the engine without a copy; bf16 (or
 float16) input is converted to float32 once per call and the output converted back, so a
 bf16 model gets bf16 in and out. Token rows are independent: batch > 1 and padded
@@ -40,6 +44,7 @@ import numpy as np
 
 from . import quant
 from .layer import MoELayer
+from .linear import Linear
 
 # relative L2 error allowed when the original and the patched block are compared on
 # random tokens at patch time, by (model dtype, weight_dtype); the engine itself is
@@ -171,17 +176,30 @@ def block_weights(block, where: str = "block") -> _Weights:
                     shared_expert_gate=seg)
 
 
-def _encode(mats: list, weight_dtype: str):
-    """Per-expert torch matrices [R, C] -> (stored [E, R, C'], scales or None), one expert's
-    float32 copy at a time; bf16 tensors into bf16 as their bits."""
+def _encode_matrix(m, weight_dtype: str, chunk: int = 4096):
+    """A torch matrix [R, C] -> (stored, scales or None) in weight_dtype, converted a chunk
+    of rows at a time (a float32 copy of at most `chunk` rows); bf16 into bf16 as its bits."""
     torch = _torch()
+    m = m.detach()
+    if weight_dtype == "bf16" and m.dtype == torch.bfloat16:
+        return m.contiguous().view(torch.int16).numpy().view(np.uint16), None
+    out = scales = None
+    for r0 in range(0, m.shape[0], chunk):
+        st, sc = quant.encode(m[r0:r0 + chunk].float().contiguous().numpy(), weight_dtype)
+        if out is None:
+            out = np.empty((m.shape[0], *st.shape[1:]), st.dtype)
+            scales = None if sc is None else np.empty((m.shape[0], *sc.shape[1:]), sc.dtype)
+        out[r0:r0 + chunk] = st
+        if sc is not None:
+            scales[r0:r0 + chunk] = sc
+    return out, scales
+
+
+def _encode(mats: list, weight_dtype: str):
+    """Per-expert torch matrices [R, C] -> (stored [E, R, C'], scales [E, ...] or None)."""
     out = scales = None
     for e, m in enumerate(mats):
-        m = m.detach()
-        if weight_dtype == "bf16" and m.dtype == torch.bfloat16:
-            st, sc = m.contiguous().view(torch.int16).numpy().view(np.uint16), None
-        else:
-            st, sc = quant.encode(m.float().contiguous().numpy(), weight_dtype)
+        st, sc = _encode_matrix(m, weight_dtype)
         if out is None:
             out = np.empty((len(mats), *st.shape), st.dtype)
             scales = None if sc is None else np.empty((len(mats), *sc.shape), sc.dtype)
@@ -230,21 +248,52 @@ def _module_class():
                     f"inter {L.inter}{f', shared {L.shared_inter}' if L.shared_inter else ''}, "
                     f"weights {L.weight_dtype}")
 
-    return ColibriMoeBlock
+    class ColibriLinear(torch.nn.Module):
+        """A torch Linear computed by a colibri.Linear (the bias, if any, added by torch)."""
+
+        def __init__(self, lin: Linear, bias, original: str):
+            super().__init__()
+            self.lin, self.original = lin, original
+            self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+        def forward(self, x):
+            shape, dtype = x.shape, x.dtype
+            if x.device.type != "cpu":
+                raise ValueError(f"{self.original} patched by Colibri runs on the CPU; got a tensor on {x.device}")
+            xf = x.detach().reshape(-1, shape[-1])
+            if xf.dtype != torch.float32 or not xf.is_contiguous():
+                xf = xf.to(torch.float32).contiguous()
+            out = torch.empty(xf.shape[0], self.lin.rows, dtype=torch.float32)
+            self.lin(xf.numpy(), out=out.numpy())
+            if self.bias is not None:
+                out += self.bias
+            return out.to(dtype).reshape(*shape[:-1], self.lin.rows)
+
+        def extra_repr(self):
+            return (f"in_features={self.lin.cols}, out_features={self.lin.rows}, "
+                    f"bias={self.bias is not None}, weights {self.lin.weight_dtype}")
+
+    return ColibriMoeBlock, ColibriLinear
 
 
-_CLASS = None
+_CLASSES = None
 
 
 def colibri_block_class():
-    global _CLASS
-    if _CLASS is None:
-        _CLASS = _module_class()
-    return _CLASS
+    global _CLASSES
+    if _CLASSES is None:
+        _CLASSES = _module_class()
+    return _CLASSES[0]
+
+
+def colibri_linear_class():
+    colibri_block_class()
+    return _CLASSES[1]
 
 
 def _check(block, new, H: int, where: str, model_dtype, weight_dtype: str) -> None:
-    """The original and the new block on CHECK_TOKENS random tokens; UnsupportedBlock if apart."""
+    """The original and the new module on CHECK_TOKENS random tokens of width H;
+    UnsupportedBlock if apart."""
     torch = _torch()
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, CHECK_TOKENS, H, generator=g).to(model_dtype)
@@ -265,14 +314,14 @@ def _check(block, new, H: int, where: str, model_dtype, weight_dtype: str) -> No
 def patch(model, *, weight_dtype: str = "f32", linear: bool = False, threads=None, lib=None,
           check: bool = True) -> int:
     """Replace every sparse-MoE block of `model` (a torch module, e.g. a transformers causal
-    LM) by a ColibriMoeBlock in `weight_dtype`; returns how many it replaced. Raises
-    UnsupportedBlock naming the first block that breaks the contract (module doc), leaving
-    the model as it was. `check`: compare each new block with the original first."""
+    LM) by a ColibriMoeBlock in `weight_dtype`, and with `linear` every torch.nn.Linear
+    left (attention projections, dense MLPs, lm_head) by a ColibriLinear in the same dtype;
+    returns how many modules it replaced. Raises UnsupportedBlock naming the first block that
+    breaks the contract (module doc), leaving the model as it was. `check`: compare each
+    new module with the original first."""
     torch = _torch()
     if weight_dtype not in quant.DTYPES:
         raise ValueError(f"weight_dtype must be one of {quant.DTYPES}, got {weight_dtype!r}")
-    if linear:
-        raise NotImplementedError("patch(linear=True) (dense projections on Colibri) is not built yet")
     Block = colibri_block_class()
     # names only: a held reference would keep a replaced block's tensors alive
     targets = [(name, type(mod)) for name, mod in model.named_modules()
@@ -308,4 +357,26 @@ def patch(model, *, weight_dtype: str = "f32", linear: bool = False, threads=Non
         setattr(parent, attr, new)  # the old block, and its expert tensors, go with it
         del new, kept
         done += 1
+    if linear:
+        done += _patch_linears(model, weight_dtype, threads, lib, check, model_dtype)
     return done
+
+
+def _patch_linears(model, weight_dtype, threads, lib, check, model_dtype) -> int:
+    """Every torch.nn.Linear left (attention projections, dense MLPs, lm_head) on a
+    colibri.Linear; each checked against the original, then swapped in."""
+    torch = _torch()
+    Lin = colibri_linear_class()
+    names = [n for n, m in model.named_modules() if n and type(m) is torch.nn.Linear]
+    for name in names:
+        mod = model.get_submodule(name)
+        st, sc = _encode_matrix(mod.weight, weight_dtype)
+        new = Lin(Linear.from_encoded(st, sc, mod.in_features, weight_dtype=weight_dtype, threads=threads,
+                                      lib=lib), mod.bias, f"{type(mod).__name__} {name}")
+        del st, sc
+        if check:
+            _check(mod, new, mod.in_features, name, model_dtype, weight_dtype)
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
+        del mod, new
+    return len(names)

@@ -175,6 +175,20 @@ int colibri_layer_page_kind(const colibri_layer *layer);
 size_t colibri_layer_weight_bytes(const colibri_layer *layer);
 void colibri_layer_free(colibri_layer *layer);
 
+/* ---- one dense matrix: a linear projection y = W x on the expert kernels ---- */
+typedef struct colibri_dense colibri_dense;
+
+/* Copies W [rows, cols] of weight_dtype (int8 scales [rows]; int4 packed rows of
+ * ceil(cols/32) * 16 bytes with scales [rows, ceil(cols/32)]). NULL with a message. */
+colibri_dense *colibri_dense_create(int rows, int cols, int weight_dtype, const void *w,
+                                    const float *scales);
+/* y[T, rows] = x[T, cols] W^T; n_threads 0 = library default; x and y must not overlap.
+ * (Inf and NaN propagate as the products give them: no per-token masking as in the layer.) */
+int colibri_dense_forward(colibri_dense *dense, const float *x, float *y, int n_tokens,
+                          int n_threads);
+size_t colibri_dense_weight_bytes(const colibri_dense *dense);
+void colibri_dense_free(colibri_dense *dense);
+
 /* ---- model files (format v1, see FORMAT.md) ---- */
 typedef struct colibri_model colibri_model;
 /* Maps the file read-only and validates it; NULL with a message naming the

@@ -1,0 +1,105 @@
+/* dense.c — one dense weight matrix (a linear projection, y = W x): the single-expert case
+ * of the expert kernels. Threads split the rows, aligned to the kernels' register block;
+ * every thread runs cbk_rows_acc on its rows for all tokens (the gemm path from its
+ * dtype's threshold of tokens on, the dot kernels below it). */
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "kernels.h"
+
+#define CB_DENSE_MAX_DIM (1 << 20)
+
+struct colibri_dense {
+    cb_mat m;
+    int dtype;
+    void *mem; /* weights then scales, 64-aligned, owned */
+    size_t weight_bytes;
+};
+
+colibri_dense *colibri_dense_create(int rows, int cols, int weight_dtype, const void *w, const float *scales) {
+    cb_clear_error();
+    if (rows < 1 || rows > CB_DENSE_MAX_DIM || cols < 1 || cols > CB_DENSE_MAX_DIM) {
+        cb_fail(COLIBRI_ERR_INVALID, "dense matrix [%d, %d]: rows and cols must be in [1, %d]", rows, cols,
+                CB_DENSE_MAX_DIM);
+        return NULL;
+    }
+    if (!cb_dtype_valid(weight_dtype)) {
+        cb_fail(COLIBRI_ERR_INVALID, "weight_dtype %d is not 0 (f32), 1 (bf16), 2 (int8) or 3 (int4)",
+                weight_dtype);
+        return NULL;
+    }
+    const size_t nb = cb_mat_data_bytes(weight_dtype, (size_t)rows, (size_t)cols);
+    const size_t ns = cb_mat_scale_count(weight_dtype, (size_t)rows, (size_t)cols);
+    if (!w || (ns && !scales)) {
+        cb_fail(COLIBRI_ERR_INVALID, "dense weights%s must not be NULL", ns ? " and scales" : "");
+        return NULL;
+    }
+    colibri_dense *d = calloc(1, sizeof *d);
+    const size_t at = (nb + 63) / 64 * 64, bytes = at + ns * sizeof(float);
+    if (!d || posix_memalign(&d->mem, 64, bytes ? bytes : 64)) {
+        free(d);
+        cb_fail(COLIBRI_ERR_NOMEM, "out of memory for a %zu-byte dense matrix", bytes);
+        return NULL;
+    }
+    memcpy(d->mem, w, nb);
+    if (ns) memcpy((char *)d->mem + at, scales, ns * sizeof(float));
+    d->m = (cb_mat){d->mem, ns ? (const float *)(const void *)((char *)d->mem + at) : NULL, rows, cols};
+    d->dtype = weight_dtype;
+    d->weight_bytes = bytes;
+    return d;
+}
+
+size_t colibri_dense_weight_bytes(const colibri_dense *d) { return d ? d->weight_bytes : 0; }
+
+void colibri_dense_free(colibri_dense *d) {
+    if (!d) return;
+    free(d->mem);
+    free(d);
+}
+
+int colibri_dense_forward(colibri_dense *d, const float *x, float *y, int T, int n_threads) {
+    cb_clear_error();
+    if (!d) return cb_fail(COLIBRI_ERR_INVALID, "dense matrix is NULL");
+    if (T < 0) return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d < 0", T);
+    if (T == 0) return COLIBRI_OK;
+    if (!x || !y) return cb_fail(COLIBRI_ERR_INVALID, "x and y must not be NULL");
+    if (n_threads < 0 || n_threads > COLIBRI_MAX_THREADS)
+        return cb_fail(COLIBRI_ERR_INVALID, "colibri_dense_forward: n_threads %d out of range [0, %d]",
+                       n_threads, COLIBRI_MAX_THREADS);
+    const int R = d->m.rows, C = d->m.cols;
+    const int big = R > C ? R : C;
+    if ((size_t)T > (SIZE_MAX / 2 / sizeof(float)) / (size_t)big)
+        return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d is too large", T);
+    const float *xe = x + (size_t)T * C;
+    const float *ye = y + (size_t)T * R;
+    if (x < ye && y < xe) return cb_fail(COLIBRI_ERR_INVALID, "x and y overlap");
+    const int nt = n_threads > 0 ? n_threads : colibri_get_num_threads();
+    const size_t wsb = (cbk_workspace_bytes(d->dtype, C, T) + 63) / 64 * 64;
+    if (wsb && (size_t)nt > (SIZE_MAX / 4) / wsb)
+        return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d: kernel workspace too large", T);
+    const size_t head = ((size_t)T * (sizeof(int32_t) + sizeof(float)) + 63) / 64 * 64;
+    char *scratch = NULL;
+    if (posix_memalign((void **)&scratch, 64, head + (size_t)nt * wsb))
+        return cb_fail(COLIBRI_ERR_NOMEM, "out of memory for dense scratch");
+    int32_t *tok = (int32_t *)(void *)scratch;
+    float *tw = (float *)(void *)(tok + T);
+    for (int t = 0; t < T; ++t) tok[t] = t, tw[t] = 1.0f;
+    const int blk = cbk_rows_block;
+#pragma omp parallel num_threads(nt)
+    {
+        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        long a = (long)R * tid / nth, b = (long)R * (tid + 1) / nth;
+        a = a / blk * blk;
+        b = tid + 1 == nth ? R : b / blk * blk;
+        if (a < b) {
+            for (int t = 0; t < T; ++t) memset(y + (size_t)t * R + a, 0, (size_t)(b - a) * sizeof(float));
+            cbk_rows_acc(d->dtype, &d->m, x, C, T, tw, tok, (int)a, (int)b, y, R,
+                         wsb ? scratch + head + (size_t)tid * wsb : NULL);
+        }
+    }
+    free(scratch);
+    return COLIBRI_OK;
+}
