@@ -3,12 +3,13 @@ unpatched, end to end: prefill and decode tokens/s of generate(), and the time s
 the MoE blocks (forward hooks), on random-init models with real shapes (no download).
 
     python -m colibri_bench e2e [--shape qwen3-30b-a3b|olmoe-1b-7b] [--layers 4]
-                                [--weight-dtype bf16 ...] [--prompt-tokens 128]
+                                [--variant moe:bf16 --variant all:int4 ...] [--prompt-tokens 128]
                                 [--new-tokens 16] [--rounds 3] [--threads 2] [--out FILE]
 
 The model is built in bf16 with the shape's real hidden, expert, attention and vocabulary
-sizes and `--layers` decoder layers. For each weight dtype a second model (same seed) is
-patched, and the two run interleaved, `--rounds` rounds each (the order alternating), so
+sizes and `--layers` decoder layers. For each variant (moe:DTYPE, the MoE blocks on
+Colibri in DTYPE; all:DTYPE, with linear=True every projection and lm_head too) a second
+model (same seed) is patched, and the two run interleaved, `--rounds` rounds each (the order alternating), so
 slow phases of a shared machine fall on both; the table gives medians and [min, max] of
 the patched/unpatched ratios. The JSON goes to reports/<host-id>/e2e.json beside bench.json.
 """
@@ -42,6 +43,9 @@ SHAPES = {
         num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, num_attention_heads=4,
         num_key_value_heads=2, head_dim=32, max_position_embeddings=512, tie_word_embeddings=False)),
 }
+
+
+VARIANTS = [f"{scope}:{dt}" for scope in ("moe", "all") for dt in ("f32", "bf16", "int8", "int4")]
 
 
 def build_model(shape: str, layers: int, seed: int = 0):
@@ -148,11 +152,13 @@ def run(args, say) -> dict:
     base = build_model(args.shape, args.layers)
     base_clock = MoeClock(base)
     results = {}
-    for wdt in args.weight_dtype:
-        say(f"building and patching a second model: MoE blocks on Colibri in {wdt}")
+    for variant in args.variant:
+        scope, wdt = variant.split(":")
+        say(f"building and patching a second model: {'MoE blocks' if scope == 'moe' else 'everything'} "
+            f"on Colibri in {wdt}")
         patched = build_model(args.shape, args.layers)
         t0 = time.perf_counter()
-        n = hf.patch(patched, weight_dtype=wdt, threads=args.threads)
+        n = hf.patch(patched, weight_dtype=wdt, linear=scope == "all", threads=args.threads)
         patch_s = time.perf_counter() - t0
         clock = MoeClock(patched)
         # a warm-up of each (first-call costs: library load, page faults, torch's first kernels)
@@ -165,10 +171,10 @@ def run(args, say) -> dict:
                     rows_a.append(time_generate(base, base_clock, args.prompt_tokens, args.new_tokens, vocab))
                 else:
                     rows_b.append(time_generate(patched, clock, args.prompt_tokens, args.new_tokens, vocab))
-            say(f"  {wdt} round {r + 1}/{args.rounds}: decode {rows_a[-1]['decode_tok_s']:.2f} -> "
+            say(f"  {variant} round {r + 1}/{args.rounds}: decode {rows_a[-1]['decode_tok_s']:.2f} -> "
                 f"{rows_b[-1]['decode_tok_s']:.2f} tok/s, prefill {rows_a[-1]['prefill_tok_s']:.1f} -> "
                 f"{rows_b[-1]['prefill_tok_s']:.1f} tok/s")
-        results[wdt] = {"blocks": n, "patch_s": patch_s, **_summary(rows_a, rows_b),
+        results[variant] = {"modules": n, "patch_s": patch_s, **_summary(rows_a, rows_b),
                         "rounds": {"unpatched": rows_a, "patched": rows_b}}
         clock.remove()
         del patched, clock
@@ -180,24 +186,23 @@ def print_table(out: dict, stream=sys.stdout) -> None:
     print(f"e2e {out['shape']}, {out['layers']} layers, bf16 model, {out['threads']} threads, "
           f"prompt {out['prompt_tokens']} + {out['new_tokens']} new tokens, {out['rounds']} rounds "
           "(medians; speed-ups [min, max] over rounds)", file=stream)
-    print(f"{'MoE on':8} {'decode tok/s':>22} {'speed-up':>19} {'MoE ms/token':>17} {'speed-up':>19} "
+    print(f"{'patched':9} {'decode tok/s':>22} {'speed-up':>19} {'MoE ms/token':>17} {'speed-up':>19} "
           f"{'prefill tok/s':>20} {'speed-up':>19}", file=stream)
     for wdt, r in out["results"].items():
         a, b, s = r["unpatched"], r["patched"], r["speedup"]
         sp = lambda k: f"{s[k]['median']:.2f}x [{s[k]['min']:.2f}, {s[k]['max']:.2f}]"
-        print(f"{wdt:8} {a['decode_tok_s']:9.2f} -> {b['decode_tok_s']:8.2f} {sp('decode'):>19} "
+        print(f"{wdt:9} {a['decode_tok_s']:9.2f} -> {b['decode_tok_s']:8.2f} {sp('decode'):>19} "
               f"{a['moe_decode_ms_per_token']:6.1f} -> {b['moe_decode_ms_per_token']:6.1f} {sp('moe_decode'):>19} "
               f"{a['prefill_tok_s']:8.1f} -> {b['prefill_tok_s']:8.1f} {sp('prefill'):>19}", file=stream)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from colibri import quant
-
     ap = _cli.Parser(prog="python -m colibri_bench e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b")
     ap.add_argument("--layers", type=_cli.positive_int, default=4)
-    ap.add_argument("--weight-dtype", action="append", choices=list(quant.DTYPES),
-                    help="the patched MoE blocks' weight dtype (repeatable; default bf16, int8, int4)")
+    ap.add_argument("--variant", action="append", choices=VARIANTS,
+                    help="what is patched, in which weight dtype: moe:DTYPE (the MoE blocks) or all:DTYPE "
+                    "(linear=True); repeatable; default moe:bf16, all:bf16, all:int8, all:int4")
     ap.add_argument("--prompt-tokens", type=_cli.positive_int, default=128)
     ap.add_argument("--new-tokens", type=_cli.positive_int, default=16)
     ap.add_argument("--rounds", type=_cli.positive_int, default=3)
@@ -206,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.new_tokens < 2:
         ap.error("--new-tokens must be >= 2 (decode is timed from the first new token on)")
-    args.weight_dtype = args.weight_dtype or ["bf16", "int8", "int4"]
+    args.variant = args.variant or ["moe:bf16", "all:bf16", "all:int8", "all:int4"]
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
