@@ -65,6 +65,12 @@ def build_model(shape: str, layers: int, seed: int = 0):
     return model.eval()
 
 
+def _rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
 class MoeClock:
     """Seconds spent inside the model's MoE blocks (forward pre/post hooks), split into
     prefill (calls on more than one token) and decode (one token) calls."""
@@ -157,9 +163,12 @@ def run(args, say) -> dict:
         say(f"building and patching a second model: {'MoE blocks' if scope == 'moe' else 'everything'} "
             f"on Colibri in {wdt}")
         patched = build_model(args.shape, args.layers)
+        rss0 = _rss()
         t0 = time.perf_counter()
         n = hf.patch(patched, weight_dtype=wdt, linear=scope == "all", threads=args.threads)
         patch_s = time.perf_counter() - t0
+        gc.collect()
+        rss1 = _rss()
         clock = MoeClock(patched)
         # a warm-up of each (first-call costs: library load, page faults, torch's first kernels)
         time_generate(base, base_clock, args.prompt_tokens, 2, vocab)
@@ -174,7 +183,10 @@ def run(args, say) -> dict:
             say(f"  {variant} round {r + 1}/{args.rounds}: decode {rows_a[-1]['decode_tok_s']:.2f} -> "
                 f"{rows_b[-1]['decode_tok_s']:.2f} tok/s, prefill {rows_a[-1]['prefill_tok_s']:.1f} -> "
                 f"{rows_b[-1]['prefill_tok_s']:.1f} tok/s")
-        results[variant] = {"modules": n, "patch_s": patch_s, **_summary(rows_a, rows_b),
+        # resident memory of the process (both models) before and after the patch: the
+        # replaced modules' tensors go, Colibri's copies in wdt come
+        results[variant] = {"modules": n, "patch_s": patch_s, "rss_before_patch": rss0,
+                            "rss_after_patch": rss1, **_summary(rows_a, rows_b),
                         "rounds": {"unpatched": rows_a, "patched": rows_b}}
         clock.remove()
         del patched, clock
@@ -190,10 +202,11 @@ def print_table(out: dict, stream=sys.stdout) -> None:
           f"{'prefill tok/s':>20} {'speed-up':>19}", file=stream)
     for wdt, r in out["results"].items():
         a, b, s = r["unpatched"], r["patched"], r["speedup"]
+        mem = f"RSS {r['rss_before_patch'] / 2**30:.2f} -> {r['rss_after_patch'] / 2**30:.2f} GiB"
         sp = lambda k: f"{s[k]['median']:.2f}x [{s[k]['min']:.2f}, {s[k]['max']:.2f}]"
         print(f"{wdt:9} {a['decode_tok_s']:9.2f} -> {b['decode_tok_s']:8.2f} {sp('decode'):>19} "
               f"{a['moe_decode_ms_per_token']:6.1f} -> {b['moe_decode_ms_per_token']:6.1f} {sp('moe_decode'):>19} "
-              f"{a['prefill_tok_s']:8.1f} -> {b['prefill_tok_s']:8.1f} {sp('prefill'):>19}", file=stream)
+              f"{a['prefill_tok_s']:8.1f} -> {b['prefill_tok_s']:8.1f} {sp('prefill'):>19}  {mem}", file=stream)
 
 
 def main(argv: list[str] | None = None) -> int:
