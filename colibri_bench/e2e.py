@@ -15,7 +15,6 @@ the patched/unpatched ratios. The JSON goes to reports/<host-id>/e2e.json beside
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import gc
 import json

@@ -27,14 +27,13 @@ import argparse
 import hashlib
 import importlib
 import json
-import os
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
 from colibri_build.paths import HEADER
 from tuner import cli
+from tuner.fleet.tarball import pack
 
 MEMBERS = ("config.h", "libcolibri.so", "build_info.json", "colibri.h", "manifest.json",
            "report.html", "report.md", "results.sqlite")
@@ -82,24 +81,6 @@ def report_writer():
 
 def artifact_name(profile: str, host_id: str) -> str:
     return f"colibri-{profile}-{host_id}"
-
-
-def pack(out_dir: Path, name: str, files: dict[str, Path]) -> Path:
-    """Write out_dir/<name>.tar.gz holding files (member name -> path) under <name>/,
-    atomically: a temporary file in out_dir, renamed when complete."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    final = out_dir / f"{name}.tar.gz"
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=out_dir)
-    try:
-        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
-            for member, path in files.items():
-                tar.add(str(path), arcname=f"{name}/{member}", recursive=False)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, final)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return final
 
 
 def build_artifact(summary: dict, out_dir: Path, write_report, say) -> dict:

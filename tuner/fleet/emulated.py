@@ -31,6 +31,7 @@ from colibri_build.paths import HEADER
 from tuner.build import isacheck
 from tuner.build.signature import BuildIdentity
 from tuner.fleet import verify
+from tuner.fleet.tarball import pack
 
 STATUS = "emulated, not timed"
 KERNEL = "expert_ffn"
@@ -119,8 +120,6 @@ def report_html(md: str) -> str:
 
 def build_artifact(profile_name: str, out_dir: Path, *, build_dir: Path | None = None, say=print) -> dict:
     """Config, cross-build, verification, ISA check and tarball (see the module's doc)."""
-    from tuner.fleet.ci import pack
-
     prof = profiles.get_profile(profile_name)
     host = cpuinfo.host_cpu()
     if prof.arch in ("any", host.arch):
