@@ -20,7 +20,7 @@ a torch module holding a colibri.MoELayer built from the block's tensors in memo
                     to every token, scaled by sigmoid(shared_expert_gate(x)) ([1, H])
 
 Each replacement is checked before it goes in: the original block and the Colibri block
-run on a few random tokens and must agree (float32 models: 1e-4 relative; bf16 and
+run on a few tokens with a clear routing margin (routed_tokens) and must agree (float32 models: 1e-4 relative; bf16 and
 quantized: a bound of their own, see CHECK_RTOL). A block that looks like a MoE block but
 breaks the contract (a sigmoid or grouped router, biases, another activation) is refused
 by name with the reason, and the model is left as it was. The original expert tensors go
@@ -47,7 +47,7 @@ from .layer import MoELayer
 from .linear import Linear
 
 # relative L2 error allowed when the original and the patched block are compared on
-# random tokens at patch time, by (model dtype, weight_dtype); the engine itself is
+# test tokens at patch time, by (model dtype, weight_dtype); the engine itself is
 # tested to 1e-4 per element against float64 (tests/engine)
 CHECK_RTOL = {"f32": 1e-4, "bf16": 3e-2, "int8": 1e-1, "int4": 3e-1}
 CHECK_TOKENS = 8
@@ -291,12 +291,39 @@ def colibri_linear_class():
     return _CLASSES[1]
 
 
-def _check(block, new, H: int, where: str, model_dtype, weight_dtype: str) -> None:
-    """The original and the new module on CHECK_TOKENS random tokens of width H;
-    UnsupportedBlock if apart."""
+def routed_tokens(router: np.ndarray, top_k: int, n: int, seed: int = 0) -> np.ndarray:
+    """n tokens [n, H] whose router logits put top_k random experts clearly above the rest:
+    x = sum over the chosen rows w_i of 4 w_i / |w_i|^2 (+ noise), kept only where the gap
+    between the top_k-th and the next logit is at least 1/16 of the largest logit, far above
+    bf16's rounding of logits (2^-8). A bf16 model's block rounds its logits to bf16 where
+    Colibri routes in float32, so on near-tied random tokens the two pick different experts
+    without either being wrong (random-init routers tie often); these tokens cannot tie."""
+    rng = np.random.default_rng(seed)
+    E, H = router.shape
+    r = router.astype(np.float64)
+    sq = np.maximum((r * r).sum(axis=1), 1e-30)
+    out = []
+    for _ in range(200 * n):
+        chosen = rng.choice(E, size=top_k, replace=False)
+        x = (4.0 * r[chosen] / sq[chosen, None]).sum(axis=0)
+        x += rng.standard_normal(H) * (0.01 * np.abs(x).mean())
+        logits = np.sort(r @ x)[::-1]
+        if top_k == E or logits[top_k - 1] - logits[top_k] >= abs(logits[0]) / 16:
+            out.append(x)
+            if len(out) == n:
+                break
+    if len(out) < n:  # a router whose rows no token separates: random tokens after all
+        out += list(rng.standard_normal((n - len(out), H)))
+    return np.asarray(out, dtype=np.float32)
+
+
+def _check(block, new, H: int, where: str, model_dtype, weight_dtype: str, tokens=None) -> None:
+    """The original and the new module on CHECK_TOKENS tokens of width H (`tokens`, else
+    random); UnsupportedBlock if apart."""
     torch = _torch()
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, CHECK_TOKENS, H, generator=g).to(model_dtype)
+    x = (torch.randn(1, CHECK_TOKENS, H, generator=g) if tokens is None
+         else torch.from_numpy(tokens)[None]).to(model_dtype)
     with torch.no_grad():
         want = block(x)
         want = want[0] if isinstance(want, tuple) else want
@@ -307,7 +334,7 @@ def _check(block, new, H: int, where: str, model_dtype, weight_dtype: str) -> No
                      weight_dtype if weight_dtype != "f32" else "bf16"]
     if not err <= tol:
         raise UnsupportedBlock(f"{where} ({type(block).__name__}): Colibri's layer differs from the "
-                               f"block by {err:.3g} (relative L2, allowed {tol:g}) on random tokens: "
+                               f"block by {err:.3g} (relative L2, allowed {tol:g}) on test tokens: "
                                "its routing or experts are not the softmax top-k SwiGLU contract")
 
 
@@ -334,9 +361,10 @@ def patch(model, *, weight_dtype: str = "f32", linear: bool = False, threads=Non
     def make(name, block):
         w = block_weights(block, name)
         new = Block(build_layer(w, weight_dtype, threads=threads, lib=lib), type(block).__name__)
+        tokens = routed_tokens(w.router, w.top_k, CHECK_TOKENS) if check else None
         del w
         if check:
-            _check(block, new, new.layer.hidden, name, model_dtype, weight_dtype)
+            _check(block, new, new.layer.hidden, name, model_dtype, weight_dtype, tokens)
         return new
 
     # the first block of each class is built and checked before any is swapped in: a
