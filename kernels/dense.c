@@ -66,9 +66,8 @@ int colibri_dense_forward(colibri_dense *d, const float *x, float *y, int T, int
     if (T < 0) return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d < 0", T);
     if (T == 0) return COLIBRI_OK;
     if (!x || !y) return cb_fail(COLIBRI_ERR_INVALID, "x and y must not be NULL");
-    if (n_threads < 0 || n_threads > COLIBRI_MAX_THREADS)
-        return cb_fail(COLIBRI_ERR_INVALID, "colibri_dense_forward: n_threads %d out of range [0, %d]",
-                       n_threads, COLIBRI_MAX_THREADS);
+    int st = cb_check_threads("colibri_dense_forward", n_threads);
+    if (st) return st;
     const int R = d->m.rows, C = d->m.cols;
     const int big = R > C ? R : C;
     if ((size_t)T > (SIZE_MAX / 2 / sizeof(float)) / (size_t)big)
@@ -90,13 +89,12 @@ int colibri_dense_forward(colibri_dense *d, const float *x, float *y, int T, int
     const int blk = cbk_rows_block;
 #pragma omp parallel num_threads(nt)
     {
-        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-        long a = (long)R * tid / nth, b = (long)R * (tid + 1) / nth;
-        a = a / blk * blk;
-        b = tid + 1 == nth ? R : b / blk * blk;
+        const int tid = omp_get_thread_num();
+        int a, b;
+        cb_split_range(R, omp_get_num_threads(), tid, blk, &a, &b);
         if (a < b) {
             for (int t = 0; t < T; ++t) memset(y + (size_t)t * R + a, 0, (size_t)(b - a) * sizeof(float));
-            cbk_rows_acc(d->dtype, &d->m, x, C, T, tw, tok, (int)a, (int)b, y, R,
+            cbk_rows_acc(d->dtype, &d->m, x, C, T, tw, tok, a, b, y, R,
                          wsb ? scratch + head + (size_t)tid * wsb : NULL);
         }
     }

@@ -45,6 +45,13 @@ int cb_dtype_valid(int dtype);
 size_t cb_mat_data_bytes(int dtype, size_t rows, size_t cols);
 size_t cb_mat_scale_count(int dtype, size_t rows, size_t cols);
 
+/* n_threads in [0, COLIBRI_MAX_THREADS] (OpenMP aborts on an absurd count), else the error
+ * set naming `who` (layer.c). */
+int cb_check_threads(const char *who, int n_threads);
+/* Thread tid's share [lo, hi) of n items split over nt threads, the cuts aligned to `align`
+ * (the last share takes the rest) (layer.c). */
+void cb_split_range(int n, int nt, int tid, int align, int *lo, int *hi);
+
 /* Validates a route config against n_experts; sets the error on failure. */
 int cb_route_config_check(const colibri_route_config *cfg, int n_experts);
 

@@ -23,7 +23,7 @@ static int cb_default_threads = 0;
 
 /* Shared by every entry point that takes a thread count: OpenMP aborts the process when it
  * cannot create the threads asked for, so an absurd count must be refused before that. */
-static int check_threads(const char *who, int n_threads) {
+int cb_check_threads(const char *who, int n_threads) {
     if (n_threads < 0 || n_threads > COLIBRI_MAX_THREADS)
         return cb_fail(COLIBRI_ERR_INVALID, "%s: n_threads %d out of range [0, %d] (0 = default)",
                        who, n_threads, COLIBRI_MAX_THREADS);
@@ -32,7 +32,7 @@ static int check_threads(const char *who, int n_threads) {
 
 int colibri_set_num_threads(int n_threads) {
     cb_clear_error();
-    int st = check_threads("colibri_set_num_threads", n_threads);
+    int st = cb_check_threads("colibri_set_num_threads", n_threads);
     if (st) return st;
     cb_default_threads = n_threads;
     return COLIBRI_OK;
@@ -243,7 +243,7 @@ typedef struct {
 } cb_job;
 
 /* Splits [0, n) into nt parts at multiples of `align` (the last part takes the rest). */
-static void split_range(int n, int nt, int tid, int align, int *lo, int *hi) {
+void cb_split_range(int n, int nt, int tid, int align, int *lo, int *hi) {
     long a = (long)n * tid / nt, b = (long)n * (tid + 1) / nt;
     a = a / align * align;
     b = tid + 1 == nt ? n : b / align * align;
@@ -283,7 +283,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     if (T < 0) return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d < 0", T);
     if (T == 0) return COLIBRI_OK;
     if (!x || !y) return cb_fail(COLIBRI_ERR_INVALID, "x and y must not be NULL");
-    int st = check_threads("colibri_layer_forward", n_threads);
+    int st = cb_check_threads("colibri_layer_forward", n_threads);
     if (st) return st;
     const int H = L->hidden, E = L->n_experts;
     if ((size_t)T > (SIZE_MAX / sizeof(float)) / (size_t)(H > E ? H : E))
@@ -352,7 +352,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
 #pragma omp parallel num_threads(nt)
     {
         int lo, hi;
-        split_range(E, omp_get_num_threads(), omp_get_thread_num(), 1, &lo, &hi);
+        cb_split_range(E, omp_get_num_threads(), omp_get_thread_num(), 1, &lo, &hi);
         if (lo < hi) cbk_rows_acc(COLIBRI_F32, &rmat, x, H, T, tw, tok, lo, hi, logits, E, NULL);
     }
     st = colibri_route(logits, T, E, &L->route, isel, wsel, cnt);
@@ -420,7 +420,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
         phase_gateup(L, jobs, njobs, x, tid, nth, ws);
 #pragma omp barrier
         int c0, c1;
-        split_range(H, nth, tid, 16, &c0, &c1); /* 16 floats: threads never share a cache line of y */
+        cb_split_range(H, nth, tid, 16, &c0, &c1); /* 16 floats: threads never share a cache line of y */
         for (int t = 0; t < T; ++t) memset(y + (size_t)t * H + c0, 0, (size_t)(c1 - c0) * sizeof(float));
         for (int j = 0; j < njobs && c0 < c1; ++j)
             cbk_rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter, jobs[j].ntok,
