@@ -1,6 +1,7 @@
 """python -m colibri_bench e2e: whole transformers models, patched (colibri.hf) against
 unpatched, end to end: prefill and decode tokens/s of generate(), and the time spent inside
-the MoE blocks (forward hooks), on random-init models with real shapes (no download).
+the MoE blocks, attention projections and lm_head (forward hooks), on random-init models with
+real shapes (no download).
 
     python -m colibri_bench e2e [--shape qwen3-30b-a3b|olmoe-1b-7b] [--layers 4]
                                 [--variant moe:bf16 --variant all:int4 ...] [--prompt-tokens 128]
@@ -11,7 +12,9 @@ sizes and `--layers` decoder layers. For each variant (moe:DTYPE, the MoE blocks
 Colibri in DTYPE; all:DTYPE, with linear=True every projection and lm_head too) a second
 model (same seed) is patched, and the two run interleaved, `--rounds` rounds each (the order alternating), so
 slow phases of a shared machine fall on both; the table gives medians and [min, max] of
-the patched/unpatched ratios. The JSON goes to reports/<host-id>/e2e.json beside bench.json.
+the patched/unpatched ratios. A second table splits a decode step by part (the MoE blocks,
+the attention projections, lm_head, and the rest), so a speed-up can be read against where
+the time goes. The JSON goes to reports/<host-id>/e2e.json beside bench.json.
 """
 from __future__ import annotations
 
@@ -70,42 +73,63 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-class MoeClock:
-    """Seconds spent inside the model's MoE blocks (forward pre/post hooks), split into
-    prefill (calls on more than one token) and decode (one token) calls."""
+# the parts of a model whose time the hooks measure: what Colibri replaces (the MoE blocks,
+# and with linear=True the attention projections and lm_head); the rest of a step (attention
+# itself, norms, embedding, sampling, Python) is the step's time minus these
+PARTS = ("moe", "attn_proj", "lm_head")
+PART_NAMES = {"moe": "MoE blocks", "attn_proj": "attention projections", "lm_head": "lm_head"}
+_ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def part_of(name: str, mod) -> str | None:
+    """Which of PARTS the module named `name` is, or None."""
+    from colibri import hf
+
+    if hf._looks_like_moe(mod) or isinstance(mod, hf.colibri_block_class()):
+        return "moe"
+    if name == "lm_head":
+        return "lm_head"
+    parent, _, leaf = name.rpartition(".")
+    if leaf in _ATTN_PROJ and parent.endswith("attn"):
+        return "attn_proj"
+    return None
+
+
+class PartClock:
+    """Seconds spent inside each of PARTS (forward pre/post hooks), split into prefill
+    (calls on more than one token) and decode (one token) calls."""
 
     def __init__(self, model):
-        from colibri import hf
-
-        self.prefill = self.decode = 0.0
-        self._t0, self._hooks = None, []
+        self.prefill, self.decode = {}, {}
+        self._t0, self._hooks = {}, []
+        self.reset()
         for name, mod in model.named_modules():
-            if name and (hf._looks_like_moe(mod) or isinstance(mod, hf.colibri_block_class())):
-                self._hooks.append(mod.register_forward_pre_hook(self._pre))
-                self._hooks.append(mod.register_forward_hook(self._post))
+            part = part_of(name, mod) if name else None
+            if part:
+                self._hooks.append(mod.register_forward_pre_hook(
+                    lambda m, args, part=part: self._t0.__setitem__(part, time.perf_counter())))
+                self._hooks.append(mod.register_forward_hook(
+                    lambda m, args, out, part=part: self._post(part, args)))
 
-    def _pre(self, mod, args):
-        self._t0 = time.perf_counter()
-
-    def _post(self, mod, args, out):
-        dt = time.perf_counter() - self._t0
-        tokens = args[0].shape[0] * args[0].shape[1] if args[0].dim() == 3 else args[0].shape[0]
-        if tokens > 1:
-            self.prefill += dt
-        else:
-            self.decode += dt
+    def _post(self, part, args):
+        dt = time.perf_counter() - self._t0[part]
+        x = args[0]
+        tokens = x.shape[0] * x.shape[1] if x.dim() == 3 else x.shape[0]
+        (self.prefill if tokens > 1 else self.decode)[part] += dt
 
     def reset(self):
-        self.prefill = self.decode = 0.0
+        self.prefill = dict.fromkeys(PARTS, 0.0)
+        self.decode = dict.fromkeys(PARTS, 0.0)
 
     def remove(self):
         for h in self._hooks:
             h.remove()
 
 
-def time_generate(model, clock: MoeClock, prompt_tokens: int, new_tokens: int, vocab: int) -> dict:
-    """One greedy generate(): prefill seconds (to the first new token), decode tokens/s and
-    the MoE blocks' seconds per phase."""
+def time_generate(model, clock: PartClock, prompt_tokens: int, new_tokens: int, vocab: int) -> dict:
+    """One greedy generate(): prefill seconds (to the first new token), decode tokens/s, and
+    the seconds inside each of PARTS: the MoE blocks' per phase, every part's per decode token
+    (a part the model lacks reads 0)."""
     import torch
 
     times = []
@@ -128,7 +152,8 @@ def time_generate(model, clock: MoeClock, prompt_tokens: int, new_tokens: int, v
     steps = len(times) - 2
     return {"prefill_s": prefill, "prefill_tok_s": prompt_tokens / prefill,
             "decode_tok_s": steps / decode, "decode_ms_per_token": 1e3 * decode / steps,
-            "moe_prefill_s": clock.prefill, "moe_decode_ms_per_token": 1e3 * clock.decode / steps}
+            "moe_prefill_s": clock.prefill["moe"],
+            **{f"{part}_decode_ms_per_token": 1e3 * clock.decode[part] / steps for part in PARTS}}
 
 
 def _summary(rows_a: list[dict], rows_b: list[dict]) -> dict:
@@ -155,7 +180,7 @@ def run(args, say) -> dict:
     vocab = SHAPES[args.shape][1]["vocab_size"]
     say(f"building the {args.shape}-shaped model ({args.layers} layers, bf16, random init)")
     base = build_model(args.shape, args.layers)
-    base_clock = MoeClock(base)
+    base_clock = PartClock(base)
     results = {}
     for variant in args.variant:
         scope, wdt = variant.split(":")
@@ -168,7 +193,7 @@ def run(args, say) -> dict:
         patch_s = time.perf_counter() - t0
         gc.collect()
         rss1 = _rss()
-        clock = MoeClock(patched)
+        clock = PartClock(patched)
         # a warm-up of each (first-call costs: library load, page faults, torch's first kernels)
         time_generate(base, base_clock, args.prompt_tokens, 2, vocab)
         time_generate(patched, clock, args.prompt_tokens, 2, vocab)
@@ -206,6 +231,15 @@ def print_table(out: dict, stream=sys.stdout) -> None:
         print(f"{wdt:9} {a['decode_tok_s']:9.2f} -> {b['decode_tok_s']:8.2f} {sp('decode'):>19} "
               f"{a['moe_decode_ms_per_token']:6.1f} -> {b['moe_decode_ms_per_token']:6.1f} {sp('moe_decode'):>19} "
               f"{a['prefill_tok_s']:8.1f} -> {b['prefill_tok_s']:8.1f} {sp('prefill'):>19}  {mem}", file=stream)
+    print("decode ms/token by part (hook-measured medians, unpatched -> patched; rest: the step less the "
+          "parts)", file=stream)
+    print(f"{'patched':9} " + " ".join(f"{PART_NAMES[p]:>23}" for p in PARTS) + f" {'rest':>17}", file=stream)
+    for wdt, r in out["results"].items():
+        a, b = r["unpatched"], r["patched"]
+        cells = [f"{a[f'{p}_decode_ms_per_token']:9.1f} -> {b[f'{p}_decode_ms_per_token']:6.1f}" for p in PARTS]
+        rest = [x["decode_ms_per_token"] - sum(x[f"{p}_decode_ms_per_token"] for p in PARTS) for x in (a, b)]
+        print(f"{wdt:9} " + " ".join(f"{c:>23}" for c in cells) + f" {rest[0]:7.1f} -> {rest[1]:6.1f}",
+              file=stream)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""python -m colibri_bench e2e on its tiny shape: the table, the JSON, and figures from real
+"""python -m colibri_bench e2e on its tiny shape: the tables, the JSON, and figures from real
 runs (what it measures is checked, not how fast: speed is for the full-size command)."""
 import json
 import subprocess
@@ -28,11 +28,15 @@ def test_e2e_writes_patched_against_unpatched_figures(tmp_path):
             # the hooks saw the MoE blocks: time inside them, less than the whole step
             assert 0 < row["moe_decode_ms_per_token"] < row["decode_ms_per_token"]
             assert 0 < row["moe_prefill_s"] < row["prefill_s"]
+            # and the other parts Colibri can replace, patched or not; together less than a step
+            parts = [row[f"{p}_decode_ms_per_token"] for p in ("moe", "attn_proj", "lm_head")]
+            assert min(parts) > 0 and sum(parts) < row["decode_ms_per_token"]
         for k in ("decode", "prefill", "moe_decode", "moe_prefill"):
             s = r["speedup"][k]
             assert s["min"] <= s["median"] <= s["max"]
         assert f"\n{wdt} " in res.stdout
     assert "decode tok/s" in res.stdout and "MoE ms/token" in res.stdout
+    assert "decode ms/token by part" in res.stdout and "lm_head" in res.stdout
 
 
 def test_e2e_refuses_too_few_new_tokens():
