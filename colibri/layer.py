@@ -218,6 +218,12 @@ class MoELayer:
     def weight_bytes(self) -> int:
         return int(self._lib.colibri_layer_weight_bytes(self._live()))
 
+    @property
+    def kernels(self) -> str:
+        """The kernel table this layer runs: "default", or the tuned shape class its
+        sizes fall in (docs/shape-classes.md)."""
+        return ffi.string(self._lib.colibri_layer_kernels(self._live())).decode()
+
     def __call__(self, x, out=None):
         """moe(x) for float32 x [T, H]. A token (row) holding NaN or Inf gets a NaN row; the
         other rows are unaffected."""

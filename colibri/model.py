@@ -79,15 +79,21 @@ class Model:
     def closed(self) -> bool:
         return self._handle is None
 
-    def layer_weight_bytes(self, index: int) -> int:
-        """Bytes of weights layer `index` streams (shared tensors counted in every layer)."""
+    def _layer(self, index: int):
         handle = self._live()
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
             raise TypeError(f"index must be an int, got {type(index).__name__}")
         if not 0 <= index < self._n_layers:
             raise IndexError(f"layer index {index} out of range [0, {self._n_layers})")
-        layer = self._lib.colibri_model_layer(handle, int(index))
-        return int(self._lib.colibri_layer_weight_bytes(layer))
+        return self._lib.colibri_model_layer(handle, int(index))
+
+    def layer_weight_bytes(self, index: int) -> int:
+        """Bytes of weights layer `index` streams (shared tensors counted in every layer)."""
+        return int(self._lib.colibri_layer_weight_bytes(self._layer(index)))
+
+    def layer_kernels(self, index: int) -> str:
+        """The kernel table layer `index` runs: "default" or its tuned shape class."""
+        return ffi.string(self._lib.colibri_layer_kernels(self._layer(index))).decode()
 
     # ---- running
     def _live(self):

@@ -1,5 +1,6 @@
-"""python -m colibri_bench: bench (the MoE layer beside its peers), soak (memory over a
-long run) and e2e (whole transformers models, patched against unpatched).
+"""python -m colibri_bench: bench (the MoE layer beside its peers), ab (two builds of the
+engine, interleaved), soak (memory over a long run) and e2e (whole transformers models,
+patched against unpatched).
 `python -m colibri_bench COMMAND --help` documents each; exit status as in
 `python -m tuner` (0 ok, 1 failed, 2 usage)."""
 from __future__ import annotations
@@ -10,6 +11,8 @@ from colibri import _cli
 
 COMMANDS = {"bench": "the MoE layer side by side with NumPy and PyTorch, tuned and default "
                      "library, with the read bandwidth",
+            "ab": "two builds of the engine (libcolibri.so) side by side, interleaved: speed "
+                  "ratio and its interval per case",
             "soak": "run a layer over N tokens, creating and freeing layers, and report "
                     "resident memory over time",
             "e2e": "whole transformers models with their MoE blocks on Colibri against unpatched: "
@@ -22,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
         from colibri_bench import bench
 
         return bench.main(argv[1:])
+    if argv[:1] == ["ab"]:
+        from colibri_bench import ab
+
+        return ab.main(argv[1:])
     if argv[:1] == ["e2e"]:
         from colibri_bench import e2e
 

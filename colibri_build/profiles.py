@@ -19,7 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -122,6 +122,9 @@ class Profile:
     space: dict[str, dict[str, list]]    # template -> knob -> allowed values (search-space cut)
     notes: tuple[str, ...]
     path: str
+    # shape class -> knob values its layers run besides `knobs` (colibri_build/shapes.py),
+    # promoted from the fleet's tuned artifacts (`tuner promote`); this profile's own
+    shapes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -217,18 +220,18 @@ def version_in_range(version: str | tuple[int, ...], spec: str) -> bool:
 # belongs to one profile only).
 _MERGE = {"features": "union", "knobs": "merge", "flags": "merge", "cross": "merge",
           "space": "merge", "match": "own", "name": "own", "description": "own",
-          "inherits": "own"}
+          "inherits": "own", "shapes": "own"}
 
 # Allowed keys and their YAML types; anything else is a typo and is refused.
 _SCHEMA: dict[str, type | tuple[type, ...]] = {
     "name": str, "description": str, "kind": str, "inherits": str, "arch": str,
     "features": list, "kernel_isas": list, "knobs": dict, "flags": dict, "cross": dict,
-    "match": dict, "space": dict, "notes": list,
+    "match": dict, "space": dict, "notes": list, "shapes": dict,
 }
 _DEFAULTS: dict[str, Any] = {
     "kind": "target", "arch": "any", "features": [], "kernel_isas": ["portable", "scalar"],
     "knobs": {}, "flags": {}, "cross": {}, "match": {}, "space": {}, "notes": [],
-    "description": "",
+    "description": "", "shapes": {},
 }
 
 
@@ -356,7 +359,23 @@ def _build(name: str, merged: dict, chain: tuple[str, ...], path: Path) -> Profi
         kernel_isas=tuple(d["kernel_isas"]), knobs=dict(d["knobs"]),
         flags=_flag_rules(d["flags"], where), cross=_cross(d["cross"], where),
         match=_host_match(d["match"], where), space={k: dict(v) for k, v in d["space"].items()},
-        notes=tuple(str(n).strip() for n in d["notes"]), path=where)
+        notes=tuple(str(n).strip() for n in d["notes"]), path=where,
+        shapes=_shape_knobs(d["shapes"], where))
+
+
+def _shape_knobs(raw: dict, where: str) -> dict[str, dict[str, Any]]:
+    from . import shapes
+
+    out = {}
+    for name, knobs in (raw or {}).items():
+        try:
+            shapes.parse(name)
+        except ValueError as exc:
+            raise ProfileError(f"{where}: shapes: {exc}") from None
+        if not isinstance(knobs, dict) or not knobs:
+            raise ProfileError(f"{where}: shapes.{name} must map knob names to values")
+        out[str(name)] = dict(knobs)
+    return out
 
 
 def load_registry(dir: str | os.PathLike = PROFILES_DIR) -> dict[str, Profile]:  # noqa: A002

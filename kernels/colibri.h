@@ -173,6 +173,14 @@ int colibri_layer_forward(colibri_layer *layer, const float *x, float *y,
 /* Arena facts: page kind (colibri_page_kind) and bytes of weights held. */
 int colibri_layer_page_kind(const colibri_layer *layer);
 size_t colibri_layer_weight_bytes(const colibri_layer *layer);
+/* The kernels a layer runs, picked when it is created (or loaded) from its shapes:
+ * "default" (the build's base knobs) or the tuned shape class its hidden and expert
+ * inter sizes fall in, e.g. "h22_i19" (docs/shape-classes.md). NULL with a message for
+ * a NULL layer. */
+const char *colibri_layer_kernels(const colibri_layer *layer);
+/* The shape-class bin of a matrix dimension: round(2 log2 n), a half-octave grid
+ * (-1 with a message for n < 1). */
+int colibri_shape_bin(int n);
 void colibri_layer_free(colibri_layer *layer);
 
 /* ---- one dense matrix: a linear projection y = W x on the expert kernels ---- */

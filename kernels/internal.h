@@ -18,8 +18,11 @@ typedef struct {
     int inter;
 } cb_expert;
 
+typedef struct cbk_kernels cbk_kernels; /* kernels.h */
+
 struct colibri_layer {
     int hidden, inter, n_experts, dtype;
+    const cbk_kernels *kernels;    /* the table its shape class picks (cbk_kernels_for) */
     colibri_route_config route;
     const float *router;           /* [E, H] */
     cb_expert *experts;            /* [E], malloc'd, owned */

@@ -162,6 +162,7 @@ colibri_layer *colibri_layer_create(const colibri_layer_desc *d) {
     L->inter = d->inter;
     L->n_experts = d->n_experts;
     L->dtype = dt;
+    L->kernels = cbk_kernels_for(d->hidden, d->inter);
     L->route = d->route;
     L->experts = ex;
     L->pool = pool;
@@ -270,7 +271,7 @@ static void phase_gateup(const colibri_layer *L, const cb_job *jobs, int njobs, 
             r0 = (r0 + blk - 1) / blk * blk;
             r1 = r1 >= jb->ex->inter ? jb->ex->inter : (r1 + blk - 1) / blk * blk;
             if (r0 < r1)
-                cbk_gateup(L->dtype, &jb->ex->gate, &jb->ex->up, x, L->hidden, jb->tok, jb->ntok,
+                L->kernels->gateup(L->dtype, &jb->ex->gate, &jb->ex->up, x, L->hidden, jb->tok, jb->ntok,
                            (int)r0, (int)r1, jb->h, jb->ex->inter, ws);
         }
         base += cost;
@@ -309,7 +310,8 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     /* per-thread kernel workspace (int4: the quantized activations), 64-aligned */
     int max_cols = H > L->inter ? H : L->inter;
     if (S > max_cols) max_cols = S;
-    const size_t wsb = (cbk_workspace_bytes(L->dtype, max_cols, T) + 63) / 64 * 64;
+    const cbk_kernels *K = L->kernels;
+    const size_t wsb = (K->workspace_bytes(L->dtype, max_cols, T) + 63) / 64 * 64;
     size_t bytes = (f_logits + f_w + f_tw + h_floats) * sizeof(float) +
                    (i_idx + i_cnt + i_tok + 2 * i_off) * sizeof(int32_t) +
                    (size_t)(E + 1) * sizeof(cb_job) + (size_t)T;
@@ -353,7 +355,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     {
         int lo, hi;
         cb_split_range(E, omp_get_num_threads(), omp_get_thread_num(), 1, &lo, &hi);
-        if (lo < hi) cbk_rows_acc(COLIBRI_F32, &rmat, x, H, T, tw, tok, lo, hi, logits, E, NULL);
+        if (lo < hi) K->rows_acc(COLIBRI_F32, &rmat, x, H, T, tw, tok, lo, hi, logits, E, NULL);
     }
     st = colibri_route(logits, T, E, &L->route, isel, wsel, cnt);
     if (st) {
@@ -423,7 +425,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
         cb_split_range(H, nth, tid, 16, &c0, &c1); /* 16 floats: threads never share a cache line of y */
         for (int t = 0; t < T; ++t) memset(y + (size_t)t * H + c0, 0, (size_t)(c1 - c0) * sizeof(float));
         for (int j = 0; j < njobs && c0 < c1; ++j)
-            cbk_rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter, jobs[j].ntok,
+            K->rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter, jobs[j].ntok,
                          jobs[j].tw, jobs[j].tok, c0, c1, y, H, ws);
     }
     if (guards) {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "kernels.h"
 #include "model_file.h"
 
 struct colibri_model {
@@ -129,6 +130,7 @@ static int build_layer(const cb_model_file *mf, uint64_t l, colibri_layer *L) {
     L->inter = (int)h->inter;
     L->n_experts = (int)E;
     L->dtype = (int)h->weight_dtype;
+    L->kernels = cbk_kernels_for(L->hidden, L->inter);
     L->route.scoring = (int)h->scoring;
     L->route.top_k = (int)h->top_k;
     L->route.norm_topk_prob = (int)h->norm_topk_prob;

@@ -35,15 +35,23 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-evals", type=positive_int, help="stop after this many variants")
     p.add_argument("--strategy", choices=["exhaustive", "random", "annealing", "tpe"],
                    help="search strategy (default: exhaustive when the space fits the budget)")
+    p.add_argument("--shape", action="append", metavar="NAME",
+                   help="a reference shape to tune for (repeatable): "
+                   "qwen3-30b-a3b (the default), mixtral-8x7b, olmoe-1b-7b, qwen1.5-moe-a2.7b, "
+                   "deepseek-v2-lite; each is tuned as its own shape class, and layers of other "
+                   "shapes run the profile's defaults")
+    p.add_argument("--shape-of", action="append", metavar="PATH",
+                   help="tune for the shape of a model (repeatable): a transformers checkpoint "
+                   "folder (its config.json) or a .colibri model file")
     p.add_argument("--problem", action="append", metavar="SHAPE/PHASE/DTYPE",
                    help="problem to tune for (repeatable), e.g. qwen3-30b-a3b/decode/bf16 "
-                   "(default: the qwen3-30b-a3b problems covering every knob's domain)")
+                   "(default: each tuned shape's problems covering every knob's domain)")
     p.add_argument("--no-gate", action="store_true",
                    help="emit without checking the candidate against the default build "
                    "(the gate: every dtype x decode/prefill128/prefill512 x 2 shapes x threads)")
     p.add_argument("--gate-shape", action="append", metavar="SHAPE",
-                   help="shapes the gate validates on (repeatable; default: the tuned shape "
-                   "and olmoe-1b-7b)")
+                   help="more shapes the gate checks (repeatable): timed when a tuned shape "
+                   "class holds them, else checked to run the default's code")
     p.add_argument("--profile", help="target profile (default: this host's)")
     p.add_argument("--space", action="append", metavar="KNOB=V1,V2",
                    help="restrict a knob to these values (repeatable)")
@@ -87,7 +95,22 @@ def run_config(args: argparse.Namespace):
             raise UsageError(f"--gate-shape {shape!r}: unknown shape (known: "
                              f"{', '.join(sorted(problems_mod.SHAPES))})")
     probs = tuple(args.problem) if args.problem else None  # None: every class's domain
+    tuned = list(args.shape or ())
+    for name in tuned:
+        if name not in problems_mod.SHAPES:
+            raise UsageError(f"--shape {name!r}: unknown shape (known: "
+                             f"{', '.join(sorted(problems_mod.SHAPES))})")
+    for path in getattr(args, "shape_of", None) or ():
+        from tuner.measure import model_shape
+
+        try:
+            tuned.append(model_shape.register(path))
+        except model_shape.ShapeError as exc:
+            raise UsageError(f"--shape-of {path}: {exc}") from None
+    if probs and tuned:
+        raise UsageError("--problem names its shapes; it does not go with --shape or --shape-of")
     cfg = RunConfig(profile=args.profile, problems=probs, strategy=args.strategy,
+                    shapes=tuple(dict.fromkeys(tuned)) or None,
                     max_evals=args.max_evals, budget_s=args.budget, quick=args.quick,
                     threads=args.threads, min_seconds=args.min_seconds, seed=args.seed,
                     emit=not getattr(args, "no_emit", False),
@@ -97,8 +120,8 @@ def run_config(args: argparse.Namespace):
                     report_dir=Path(args.report_dir) if getattr(args, "report_dir", None) else None)
     if args.quick:  # the same domains, fewer values, timed for less
         cfg.min_seconds, cfg.warmup = min(cfg.min_seconds, 0.05), 1
-        cfg.finalists, cfg.retime_rounds = 2, 4
-        cfg.gate_rounds, cfg.gate_min_seconds = 4, 0.05
+        cfg.finalists, cfg.race_rounds, cfg.race_min_seconds, cfg.race_budget_s = 2, (3, 6), 0.05, 20.0
+        cfg.gate_rounds, cfg.gate_min_seconds = 6, 0.05
     if getattr(args, "no_gate", False):
         cfg.gate = False
     if getattr(args, "gate_shape", None):

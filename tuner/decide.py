@@ -104,3 +104,46 @@ def verdict(default_s: Sequence[Sequence[float]], cand_s: Sequence[Sequence[floa
     slower = [n for n, r in per.items() if r.slower]
     return {"overall": overall, "per_problem": per, "slower": slower,
             "adopt": overall.faster and not slower}
+
+
+# ---------------------------------------------------------------- racing
+
+# A ratio whose whole interval lies in [TIE_LO, TIE_HI] is a tie: no decision would change.
+TIE_LO, TIE_HI = SLOWER_MEDIAN, 1.0 / SLOWER_MEDIAN
+
+
+def settled(r: Ratio) -> bool:
+    """Its decision is made: the interval excludes 1, or lies within the tie band."""
+    return r.lo > 1.0 or r.hi < 1.0 or (r.lo >= TIE_LO and r.hi <= TIE_HI)
+
+
+def race_step(default_s, candidates: dict, names: Sequence[str]) -> dict:
+    """One decision of a race after a round: which candidates to keep timing.
+
+    default_s[i][r] and candidates[c][i][r] are seconds of problem i in round r (the same
+    rounds for all). A candidate is dropped when it cannot be adopted any more -- slower
+    beyond noise overall or on one problem, or tied with the default -- or when it is
+    clearly slower than the best candidate (the interval of its ratio to that one lies
+    below 1). It is kept while its verdict against the default is open, or settled as
+    faster. Returns {candidate: "faster" | "open" | "slower" | "tie" | "worse"}; the race
+    is over when no candidate is "open"."""
+    out, medians = {}, {}
+    for c, secs in candidates.items():
+        v = verdict(default_s, secs, names)
+        o = v["overall"]
+        medians[c] = o.median
+        if v["slower"] or o.hi < 1.0:
+            out[c] = "slower"
+        elif o.lo > 1.0:
+            out[c] = "faster"
+        elif settled(o):
+            out[c] = "tie"
+        else:
+            out[c] = "open"
+    contenders = [c for c in candidates if out[c] in ("faster", "open")]
+    if contenders:
+        best = max(contenders, key=lambda c: medians[c])
+        for c in contenders:
+            if c != best and ratio(round_ratios(candidates[best], candidates[c])).hi < 1.0:
+                out[c] = "worse"
+    return out

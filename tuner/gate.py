@@ -1,49 +1,55 @@
-"""The acceptance gate before emit: the candidate library (every class's winner) against
-the default build, interleaved, on a validation matrix, so that no cell the library
-serves is slower than it would be untuned.
+"""The acceptance gate before emit: the candidate library (the default knobs, plus each tuned
+shape class's winners) against the default build, so that no layer the library serves is
+slower than it would be untuned.
 
-Matrix: every weight dtype x {decode, prefill128, prefill512} x {the tuned shape, a shape
-it was not tuned on} x {1 thread, all threads}. Each cell's speed ratio (default seconds /
-candidate seconds, per round) gets a 95% interval (tuner/decide.py). A cell is
-slower when the interval's upper bound is < 1.0 or its median < 0.98; then every tuned
-class whose domain covers the cell (its kernel path and dtype) falls back to its
-defaults (a slower cell no changed class covers reverts them all: a domain the knobs
-file misses, or noise, and either way the default is the safe side), the candidate is
-rebuilt and the gate runs again, until it passes or the candidate is the default.
-The candidate is also verified against the NumPy reference on every dtype first.
+- Each tuned shape class is timed on its tuned shapes, on the cells its changed knob
+  classes reach: every weight dtype x {decode, prefill128, prefill512} x {1 thread, all
+  threads}, kept where a changed class's domain covers the cell's kernel path and dtype.
+  Default and candidate run in interleaved rounds (tuner/measure/interleave.py) until every
+  cell's 95% interval has settled (it excludes 1, or lies within the tie band;
+  tuner/decide.py), or the most rounds. A cell is slower when its interval's upper bound
+  is < 1.0 or its median < 0.98; then every changed class of that shape class whose
+  domain covers the cell falls back to its defaults (a slower cell no changed class covers
+  reverts them all: a domain the knobs file misses, or noise, and either way the default
+  is the safe side), the candidate is rebuilt and the gate runs again, until it passes or
+  the candidate is the default.
+- A shape outside every tuned class (olmoe-1b-7b unless it was tuned) must run the
+  default's code: the candidate's layer of that shape picks the default kernel table, and
+  that table's machine code is the default build's, function by function. Such a shape
+  cannot be slower, so it is not timed; if either check fails, every class reverts.
+The candidate is also verified against the NumPy reference on every timed problem first.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 
 from colibri.quant import DTYPES
+from colibri_build import render, shapes
 from tuner import decide
-from tuner.build import variants
+from tuner.build import codehash, variants
 from tuner.build.signature import variant_id
-from tuner.measure import problems as problems_mod, weights, worker
+from tuner.measure import interleave, problems as problems_mod
 
 PHASES = ("decode", "prefill128", "prefill512")
-# the shape a tuned shape is validated on besides itself: another real model whose
-# weights stay small enough to build twice in memory
-OTHER_SHAPE = {"olmoe-1b-7b": "qwen3-30b-a3b"}
-DEFAULT_OTHER = "olmoe-1b-7b"
+# shapes a gate checks for the default's code, in order of preference: the first one no
+# tuned class holds (real models; tiny last)
+OUTSIDE_ORDER = ("olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v2-lite", "mixtral-8x7b", "tiny")
 
 
-def validation_shapes(tuned: list[str]) -> list[str]:
-    """The tuned shapes and one shape none of them is (for each reference shape)."""
-    out = list(dict.fromkeys(tuned))
-    for s in tuned:
-        other = OTHER_SHAPE.get(s, DEFAULT_OTHER)
-        if s in problems_mod.SHAPES and s != "tiny" and other not in out:
-            out.append(other)
-            break
+def matrix(shapes_, dtypes=DTYPES, phases=PHASES) -> list[str]:
+    """Problem names of the validation matrix, shape outer, then phase, then dtype: the
+    phases given, and the one of each kernel path for the shape (problems.path_phase: a
+    shape with few experts reaches the prefill dot kernels below prefill128)."""
+    from colibri_build.render import PATHS
+
+    out = []
+    for s in shapes_:
+        mine = dict.fromkeys([*phases, *(problems_mod.path_phase(s, p) for p in PATHS)])
+        out += [f"{s}/{ph}/{d}" for ph in mine for d in dtypes]
     return out
-
-
-def matrix(shapes, dtypes=DTYPES, phases=PHASES) -> list[str]:
-    """Problem names of the validation matrix, shape outer, then phase, then dtype."""
-    return [f"{s}/{ph}/{d}" for s in shapes for ph in phases for d in dtypes]
 
 
 def owners(spec, changed: dict[str, list[str]], problem) -> list[str]:
@@ -57,152 +63,239 @@ def _threads(cfg_threads) -> list[int]:
     return sorted({1, n})
 
 
-def run_gate(t, knobs: dict, classes: list[dict]) -> dict:
-    """Check the candidate `knobs` against t.default; returns the knobs to emit and the
-    record the manifest keeps: every cell's ratio and interval, the reverted classes and
-    why, each pass of the gate."""
+def changed_classes(t, knobs: dict) -> dict[str, dict[str, list[str]]]:
+    """Shape class -> {knob class: its knobs whose value differs from the default build's
+    for that shape class}."""
+    out = {}
+    for sc in {*shapes.split(knobs)[1], *shapes.split(t.default_assignment)[1]}:
+        mine, dflt = shapes.for_class(knobs, sc), shapes.for_class(t.default_assignment, sc)
+        diff = {}
+        for cls, ks in t.classes.items():
+            d = [k for k in ks if mine.get(k) != dflt.get(k)]
+            if d:
+                diff[cls] = d
+        if diff:
+            out[sc] = diff
+    return out
+
+
+def outside_shape(tuned: set[str], wanted=()) -> str | None:
+    """A reference shape whose shape class no tuned class holds (from `wanted` first)."""
+    for s in (*wanted, *OUTSIDE_ORDER):
+        p = problems_mod.SHAPES.get(s)
+        if p and shapes.class_of(p["H"], p["I"]) not in tuned:
+            return s
+    return None
+
+
+def run_gate(t, knobs: dict, tuned_shapes: dict[str, list[str]]) -> dict:
+    """Check the candidate `knobs` (a knob assignment with shape classes) against t.default;
+    tuned_shapes: shape class -> the shapes it was tuned on. Returns the knobs to emit and
+    the record the manifest keeps: every cell's ratio and interval, the reverted classes
+    and why, each pass of the gate, the outside shape's checks."""
     cfg = t.cfg
-    shapes = list(cfg.gate_shapes or validation_shapes(
-        list(dict.fromkeys(p.shape for p in t.all_problems))))
-    names = matrix(shapes)
-    probs = [problems_mod.problem(n) for n in names]
     threads = list(cfg.gate_threads or _threads(cfg.threads))
-    record = {"shapes": shapes, "phases": list(PHASES), "dtypes": list(DTYPES), "threads": threads,
-              "rounds": cfg.gate_rounds, "min_seconds": cfg.gate_min_seconds,
+    record = {"shapes": sorted({s for v in tuned_shapes.values() for s in v}),
+              "phases": list(PHASES), "dtypes": list(DTYPES), "threads": threads,
+              "rounds": [3, cfg.gate_rounds], "min_seconds": cfg.gate_min_seconds,
               "rule": f"a cell is slower when the upper bound of its 95% interval is < 1.0 or its "
-                      f"median ratio < {decide.SLOWER_MEDIAN}",
-              "passes": [], "reverted": {}, "cells": []}
+                      f"median ratio < {decide.SLOWER_MEDIAN}; rounds stop once every cell's "
+                      f"interval excludes 1 or lies within [{decide.TIE_LO}, {decide.TIE_HI:.4f}]",
+              "passes": [], "reverted": {}, "cells": [], "outside": None,
+              "read_bandwidth_gbps": t.read_bandwidth()}
     cand = dict(knobs)
-    changed = _changed(t, cand)
+    changed = changed_classes(t, cand)
     if not changed:
         t.say("gate: the candidate is the default build: nothing to check")
         record.update(knobs=cand, passed=True, note="the candidate is the default")
         return record
-    for p in probs:
-        weights.ensure(t.work / "weights", p, cfg.seed, progress=t.say)
+    extra = [s for s in (cfg.gate_shapes or ()) if s in problems_mod.SHAPES]
     while changed:
-        cached = _cache_path(t, cand, probs, threads)
+        cached = _cache_path(t, cand, threads, tuned_shapes)
         if cached.exists():
-            t.say(f"gate: this candidate was checked on this matrix before: taken from {cached.name}")
-            import json
+            t.say(f"gate: this candidate was checked before: taken from {cached.name}")
             return json.loads(cached.read_text())
-        t.say(f"gate: candidate (classes {', '.join(changed)} tuned) against the default build on "
-              f"{len(probs)} problems x threads {threads}, {cfg.gate_rounds} interleaved rounds")
-        cells = _recheck_noisy(t, cand, _measure(t, cand, probs, threads))
-        failed = [c for c in cells if c["status"] != "ok"]
-        slower = [c for c in cells if c["status"] == "ok" and c["slower"]]
-        for c in cells:
-            if c["status"] == "ok":
-                c["owners"] = owners(t.spec, changed, problems_mod.problem(c["problem"]))
-        revert: dict[str, list[str]] = {}
-        for c in failed:  # a candidate that fails a cell is not shipped at all
-            for cls in changed:
-                revert.setdefault(cls, []).append(f"{c['problem']} at {c['threads']} thread(s): "
-                                                  f"{c['status']} {c.get('reason', '')[:200]}")
-        for c in slower:
-            what = (f"{c['problem']} at {c['threads']} thread(s): {c['median']:.3f}x "
-                    f"[{c['lo']:.3f}, {c['hi']:.3f}]")
-            if c["owners"]:
-                for cls in c["owners"]:
-                    revert.setdefault(cls, []).append(what)
-            elif c["median"] < decide.SLOWER_MEDIAN:
-                # slower by more than the noise floor where no changed knob should act: the
-                # knobs file misses a domain, and only the default is known to be safe
-                for cls in changed:
-                    revert.setdefault(cls, []).append(what + " (outside every tuned class's domain)")
-            else:
-                c["note"] = "slower outside every tuned class's domain, within 2%: not attributed"
-        record["passes"].append({"knobs": dict(cand), "vid": variant_id(cand), "changed": changed,
-                                 "cells": cells, "reverted": sorted(revert)})
+        libs = _build(t, cand)
+        if isinstance(libs, str):  # the candidate does not build: ship the default
+            record["passes"].append({"knobs": dict(cand), "error": libs})
+            for sc, classes in changed.items():
+                for cls in classes:
+                    record["reverted"].setdefault(f"{sc}/{cls}", {"cells": [libs]})
+            cand = dict(t.default_assignment)
+            break
+        outside = _check_outside(t, cand, libs, set(changed), extra)
+        record["outside"] = outside
+        if outside.get("shape") and outside["shape"] not in record["shapes"]:
+            record["shapes"].append(outside["shape"])
+        probs, owner = _cells(t, cand, changed, tuned_shapes, extra)
+        t.say(f"gate: shape class(es) {', '.join(changed)} against the default build on "
+              f"{len(probs)} problem(s) x threads {threads}, up to {cfg.gate_rounds} interleaved rounds")
+        cells = _measure(t, libs, probs, threads)
+        revert = _judge(t, cells, owner, changed)
+        if not outside["ok"]:
+            for sc, classes in changed.items():
+                for cls in classes:
+                    revert.setdefault((sc, cls), []).append(f"{outside['shape']}: {outside['why']}")
+        record["passes"].append({"knobs": dict(cand), "vid": variant_id(cand),
+                                 "changed": changed, "cells": cells,
+                                 "reverted": sorted(f"{sc}/{c}" for sc, c in revert)})
         record["cells"] = cells
         _print_cells(t, cells)
         if not revert:
             break
-        for cls, why in revert.items():
-            t.say(f"gate: class {cls} reverts to its defaults: slower on {len(why)} cell(s): "
-                  + "; ".join(why[:4]) + (" ..." if len(why) > 4 else ""))
-            record["reverted"][cls] = {"knobs": {k: cand[k] for k in t.classes[cls]}, "cells": why}
-            cand.update({k: t.default[k] for k in t.classes[cls]})
-        changed = _changed(t, cand)
+        for (sc, cls), why in revert.items():
+            t.say(f"gate: class {cls} of shape class {sc} reverts to its defaults: slower on "
+                  f"{len(why)} cell(s): " + "; ".join(why[:4]) + (" ..." if len(why) > 4 else ""))
+            mine = shapes.for_class(cand, sc)
+            record["reverted"][f"{sc}/{cls}"] = {"knobs": {k: mine[k] for k in t.classes[cls]},
+                                                 "cells": why}
+            cand = _revert(t, cand, sc, cls)
+        changed = changed_classes(t, cand)
         if not changed:
             t.say("gate: every tuned class reverted: the default build is emitted")
     record.update(knobs=cand, passed=True)
     if record["passes"]:
-        import json
-
         from colibri_build.render import atomic_write
-        atomic_write(_cache_path(t, knobs, probs, threads), json.dumps(record, indent=1))
+        atomic_write(_cache_path(t, knobs, threads, tuned_shapes), json.dumps(record, indent=1, default=str))
     return record
 
 
-def _cache_path(t, cand: dict, probs, threads):
-    """Where the gate's record of this candidate on this matrix is kept (beside the store):
-    the signatures of both libraries on every cell, the rounds and the timing."""
-    import hashlib
-
-    keys = [t.key(k, p) for k in (t.default, cand) for p in probs]
-    h = hashlib.sha256(("".join(keys) + f"/{threads}/{t.cfg.gate_rounds}/{t.cfg.gate_min_seconds}")
-                       .encode()).hexdigest()[:20]
-    return t.store_path.with_name(f"gate-{h}.json")
+def _revert(t, cand: dict, sc: str, cls: str) -> dict:
+    """The candidate with knob class `cls` of shape class `sc` back at the default build's."""
+    base, tuned = shapes.split(cand)
+    dflt = shapes.for_class(t.default_assignment, sc)
+    tuned = {**tuned, sc: {**shapes.for_class(cand, sc), **{k: dflt[k] for k in t.classes[cls]}}}
+    return shapes.join(base, tuned)
 
 
-def _changed(t, cand: dict) -> dict[str, list[str]]:
-    """Class -> its knobs whose value differs from the default (classes in tuning order)."""
-    out = {}
-    for cls, ks in t.classes.items():
-        diff = [k for k in ks if cand.get(k) != t.default.get(k)]
-        if diff:
-            out[cls] = diff
-    return out
-
-
-def _recheck_noisy(t, cand: dict, cells: list[dict]) -> list[dict]:
-    """Cells slower by their median alone, with an interval reaching above 1, are too noisy
-    to decide on (one disturbed round moves the median of a few): measure them again with
-    twice the rounds and decide on that; the first measurement stays in the cell."""
-    noisy = [c for c in cells if c["status"] == "ok" and c["slower"] and c["hi"] >= 1.0]
-    if not noisy:
-        return cells
-    t.say(f"gate: {len(noisy)} cell(s) slower only by a noisy median: measuring them again "
-          f"with {2 * t.cfg.gate_rounds} rounds")
-    again = {}
-    for th in sorted({c["threads"] for c in noisy}):
-        probs = [problems_mod.problem(c["problem"]) for c in noisy if c["threads"] == th]
-        for c in _measure(t, cand, probs, [th], rounds=2 * t.cfg.gate_rounds):
-            again[(c["problem"], c["threads"])] = c
-    out = []
-    for c in cells:
-        new = again.get((c["problem"], c["threads"]))
-        out.append(dict(new, first=c) if new else c)
-    return out
-
-
-def _measure(t, cand: dict, probs, threads, rounds: int | None = None) -> list[dict]:
-
-    built = variants.build_batch(t.profile_name, [t.default, cand], t.work / "variants")
+def _build(t, cand: dict):
+    """(default library, candidate library) built as variants, or the build's error."""
+    built = variants.build_batch(t.profile_name, [t.default_assignment, cand], t.work / "variants")
     broken = [b for b in built if b.lib is None]
     if broken:
-        why = broken[0].error.splitlines()[0] if broken[0].error else "build failed"
-        return [{"problem": p.name, "threads": th, "status": "compile_error", "reason": why}
-                for p in probs for th in threads]
-    job = {"libs": [str(b.lib) for b in built], "problems": [{"name": p.name} for p in probs],
-           "threads": threads, "rounds": rounds or t.cfg.gate_rounds, "min_seconds": t.cfg.gate_min_seconds,
-           "warmup": 1, "verify": [False, True], "weights_dir": str(t.work / "weights"),
-           "seed": t.cfg.seed}
-    res = worker.compare(job, t.cfg.worker_timeout_s * len(probs), 2 * worker.memory_cap(probs))
-    cells = []
-    for r in res:
-        cell = {"problem": r["problem"], "threads": r["threads"], "status": r["status"]}
-        if r["status"] != "ok":
-            cell["reason"] = r.get("reason", "")
-        else:
-            d, c = r["seconds"]
-            ratio = decide.ratio([a / b for a, b in zip(d, c)])
-            cell.update(default_s=decide._median(d), candidate_s=decide._median(c),
-                        median=ratio.median, lo=ratio.lo, hi=ratio.hi, rounds=ratio.rounds,
-                        slower=ratio.slower, faster=ratio.faster)
-        cells.append(cell)
+        return broken[0].error.splitlines()[0] if broken[0].error else "build failed"
+    return [b.lib for b in built]
+
+
+def _cells(t, cand: dict, changed: dict, tuned_shapes: dict, extra) -> tuple[list, dict]:
+    """The problems the gate times, and each one's (shape class, owners)."""
+    probs, owner = [], {}
+    for sc, classes in changed.items():
+        names = list(dict.fromkeys([*tuned_shapes.get(sc, ()),
+                                    *(s for s in extra if _class_of(s) == sc)]))
+        for name in matrix(names):
+            p = problems_mod.problem(name)
+            own = owners(t.spec, classes, p)
+            if own:
+                probs.append(p)
+                owner[p.name] = (sc, own)
+    return probs, owner
+
+
+def _class_of(shape: str) -> str:
+    s = problems_mod.shape_dims(shape)
+    return shapes.class_of(s["H"], s["I"])
+
+
+def _measure(t, libs, probs, threads) -> list[dict]:
+    cfg = t.cfg
+
+    def cells_of(res) -> list[dict]:
+        out = []
+        for name, th in res.cells:
+            d, c = res.seconds[(name, th)]
+            cell = {"problem": name, "threads": th, "status": "ok"}
+            if not d or not c:
+                cell.update(status=res.status if not res.ok else "error",
+                            reason=res.reason or "not measured")
+            else:
+                r = decide.ratio([a / b for a, b in zip(d, c)])
+                cell.update(default_s=decide._median(d), candidate_s=decide._median(c),
+                            median=r.median, lo=r.lo, hi=r.hi, rounds=r.rounds,
+                            slower=r.slower, faster=r.faster, settled=decide.settled(r))
+            out.append(cell)
+        return out
+
+    def step(res):
+        return None if all(c.get("settled") for c in cells_of(res)) else [0, 1]
+
+    res = interleave.interleave(libs, probs, threads=threads, weights_dir=t.work / "weights",
+                                seed=cfg.seed, rounds=(3, cfg.gate_rounds),
+                                min_seconds=cfg.gate_min_seconds, verify=[False, True], step=step,
+                                timeout_s=cfg.worker_timeout_s, say=t.say)
+    cells = cells_of(res)
+    if res.verified and res.verified[1] and res.verified[1].get("status") != "ok":
+        v = res.verified[1]
+        for c in cells:
+            c.update(status=v["status"], reason=v.get("reason", ""))
+    t.say(f"gate: {res.rounds} round(s) in {res.wall_s:.0f} s")
     return cells
+
+
+def _judge(t, cells, owner, changed) -> dict:
+    revert: dict[tuple, list[str]] = {}
+    for c in cells:
+        sc, own = owner.get(c["problem"], (None, []))
+        c["shape_class"], c["owners"] = sc, own
+        if c["status"] != "ok":  # a candidate that fails a cell is not shipped at all
+            for s, classes in changed.items():
+                for cls in classes:
+                    revert.setdefault((s, cls), []).append(
+                        f"{c['problem']} at {c['threads']} thread(s): {c['status']} "
+                        f"{c.get('reason', '')[:200]}")
+        elif c["slower"]:
+            what = (f"{c['problem']} at {c['threads']} thread(s): {c['median']:.3f}x "
+                    f"[{c['lo']:.3f}, {c['hi']:.3f}]")
+            for cls in own:
+                revert.setdefault((sc, cls), []).append(what)
+    return revert
+
+
+def _check_outside(t, cand: dict, libs, tuned: set[str], extra) -> dict:
+    """A shape no tuned class holds: its layer must pick the same kernel table in the
+    candidate as in the default build, and that table must be the same machine code."""
+    from colibri.layer import MoELayer
+
+    import numpy as np
+
+    shape = outside_shape(tuned, extra)
+    if shape is None:
+        return {"shape": None, "ok": True, "why": "every reference shape is tuned"}
+    s = problems_mod.shape_dims(shape)
+    rng = np.random.default_rng(0)
+    H, I = s["H"], s["I"]
+    w = lambda *sh: rng.standard_normal(sh, dtype=np.float32) * np.float32(0.02)  # noqa: E731
+    tables = []
+    for lib in libs:  # two experts of the shape's sizes: the dispatch looks at the sizes only
+        with MoELayer(w(2, H), w(2, I, H), w(2, I, H), w(2, H, I), top_k=1, lib=str(lib)) as layer:
+            tables.append(layer.kernels)
+    ids = [variant_id(t.default_assignment), variant_id(cand)]
+    table = tables[1]
+    sub = None if table == render.DEFAULT_TABLE else table
+    diff = codehash.differing(*(codehash.function_hashes(variants.kernel_object(
+        t.work / "variants", t.profile_name, v, table=sub)) for v in ids))
+    ok = tables[0] == tables[1] and diff == []
+    why = ("runs the default build's machine code" if ok else
+           f"its layers run kernel table {table!r}, the default build's {tables[0]!r}"
+           if tables[0] != tables[1] else
+           "the candidate's table is not the default build's code"
+           + (f" ({', '.join(diff[:5])} differ)" if diff else " (unreadable objects)"))
+    t.say(f"gate: {shape} (shape class {shapes.class_of(H, I)}, not tuned in this run): {why}"
+          + (": not timed" if ok else ""))
+    return {"shape": shape, "shape_class": shapes.class_of(H, I), "kernels": table,
+            "identical_code": diff == [], "ok": ok, "why": why}
+
+
+def _cache_path(t, cand: dict, threads, tuned_shapes: dict):
+    """Where the gate's record of this candidate is kept (beside the store): the signatures
+    of both libraries, the shapes, the rounds and the timing."""
+    p = problems_mod.problem(matrix(["tiny"])[0])
+    keys = [t.key(k, p) for k in (t.default_assignment, cand)]
+    h = hashlib.sha256(json.dumps([t.store_path.name, keys, threads, t.cfg.gate_rounds,
+                                   t.cfg.gate_min_seconds,
+                                   sorted(t.cfg.gate_shapes or ()), sorted(tuned_shapes.items())])
+                       .encode()).hexdigest()[:20]
+    return t.store_path.with_name(f"gate-{h}.json")
 
 
 def _print_cells(t, cells) -> None:
@@ -212,7 +305,7 @@ def _print_cells(t, cells) -> None:
         else:
             mark = "SLOWER" if c["slower"] else "faster" if c["faster"] else ""
             t.say(f"  {c['problem']:34} {c['threads']:>2} thr  {c['median']:.3f}x "
-                  f"[{c['lo']:.3f}, {c['hi']:.3f}] {mark}")
+                  f"[{c['lo']:.3f}, {c['hi']:.3f}] {c['rounds']} rounds {mark}")
 
 
 def summary_line(record: dict) -> str:
@@ -222,8 +315,10 @@ def summary_line(record: dict) -> str:
     meds = sorted(c["median"] for c in cells)
     spread = f"; ratios {meds[0]:.3f}-{meds[-1]:.3f}" if meds else ""
     rev = record.get("reverted") or {}
+    out = record.get("outside") or {}
+    outside = (f"; {out['shape']} (untuned) {out['why']}" if out.get("shape") else "")
     return (f"gate: {len(record['passes'])} pass(es) over {len(cells)} cell(s){spread}; "
-            + (f"reverted {', '.join(rev)}" if rev else "no class reverted"))
+            + (f"reverted {', '.join(rev)}" if rev else "no class reverted") + outside)
 
 
 def print_gate(record: dict, out=None) -> None:

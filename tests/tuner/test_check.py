@@ -83,7 +83,11 @@ def test_retime_against_the_default_flags_drift(made, tmp_path):
                          "--threshold", "1e9", "--build-dir", build, "--gate-sample", "0", "--json")
     assert rc == 0, err[-3000:]
     rt = json.loads(out)["retime"]
-    assert [r["problem"] for r in rt["rows"]] == ["tiny/decode/f32"]
+    # the manifest's rows: the tuned problem, and any more the gate timed
+    with tarfile.open(made["result"]["tarball"]) as tar:
+        m = json.load(tar.extractfile(f"{made['result']['name']}/manifest.json"))
+    recorded = list(dict.fromkeys(r["problem"] for r in m["summary"]["rows"]))
+    assert [r["problem"] for r in rt["rows"]] == recorded and "tiny/decode/f32" in recorded
     row = rt["rows"][0]
     assert row["artifact_s"] > 0 and row["default_s"] > 0 and row["drift"] == []
     assert rt["default_library"].startswith(build) and rt["failures"] == []
@@ -186,9 +190,9 @@ def test_gate_sample_takes_the_slowest_then_spreads_over_dtypes_and_phases():
 
 def _fake_artifact(tmp_path, monkeypatch, compare_result):
     """A directory artifact whose manifest has gate cells; signature comparison and the
-    re-timing stubbed out (they have their own tests), worker.compare replaced."""
+    re-timing stubbed out (they have their own tests), the interleaved timing replaced."""
     import tuner.fleet.check as check_mod
-    from tuner.measure import weights, worker
+    from tuner.measure import interleave
 
     d = tmp_path / "art"
     d.mkdir()
@@ -202,14 +206,21 @@ def _fake_artifact(tmp_path, monkeypatch, compare_result):
         "signature": {"artifact": "s", "here": "s", "same": True, "consistent": True}})
     monkeypatch.setattr(check_mod, "retime", lambda *a, **k: {
         "rows": [], "failures": [], "drift": False, "default_library": str(tmp_path / "default.so")})
-    monkeypatch.setattr(weights, "ensure", lambda *a, **k: None)
     jobs = []
 
-    def fake_compare(job, timeout_s, mem_bytes=None):
+    def fake_interleave(libs, problems, *, threads, verify=None, **kw):
+        job = {"libs": [str(x) for x in libs], "problems": [{"name": p.name} for p in problems],
+               "threads": list(threads), "verify": list(verify or [])}
         jobs.append(job)
-        return [compare_result(p["name"], th) for p in job["problems"] for th in job["threads"]]
+        res = interleave.Interleaved(libs=job["libs"],
+                                     cells=[(p.name, th) for p in problems for th in threads])
+        res.verified = [None, {"status": "ok"}]
+        for p in problems:
+            for th in threads:
+                res.seconds[(p.name, th)] = compare_result(p.name, th)["seconds"]
+        return res
 
-    monkeypatch.setattr(worker, "compare", fake_compare)
+    monkeypatch.setattr(interleave, "interleave", fake_interleave)
     return d, jobs
 
 

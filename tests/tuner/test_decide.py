@@ -1,10 +1,11 @@
-"""When a measured speed-up counts (tuner/decide.py) and how a class's winner is chosen from
-its interleaved re-timing (tuner/run.py): injected timings, no clock."""
+"""When a measured speed-up counts (tuner/decide.py), how a class's winner is chosen from
+its race (tuner/classes.py), and when a race stops (tuner/measure/interleave.py): injected
+timings, no clock."""
 from types import SimpleNamespace
 
 import pytest
 
-from tuner import decide, run
+from tuner import classes, decide
 
 
 def test_ratio_interval_brackets_the_median_and_is_reproducible():
@@ -42,9 +43,9 @@ NAMES = ["tiny/decode/f32", "tiny/decode/bf16"]
 
 def _choose(per_lib):
     said = []
-    t = SimpleNamespace(say=said.append)
-    entries = run.retime_entries([DEFAULT, CAND], per_lib, DEFAULT, NAMES)
-    return run._choose(t, "decode", entries), entries, said
+    t = SimpleNamespace(say=said.append, label=str)
+    entries = classes.retime_entries([DEFAULT, CAND], per_lib, DEFAULT, NAMES)
+    return classes.choose(t, "decode", entries), entries, said
 
 
 def test_a_knob_that_helps_f32_and_hurts_bf16_keeps_the_default():
@@ -78,15 +79,15 @@ def test_noise_chooses_nothing():
 def test_split_knobs_let_f32_take_its_value_while_bf16_keeps_its_default():
     # prefetch_f32 and prefetch_bf16 are classes of their own, each on its own dtype:
     # a distance that helps f32 is adopted there, the one that hurts bf16 is not
-    f32 = run.retime_entries([{"prefetch_f32": 8192}, {"prefetch_f32": 0}],
-                             [[_rounds(1.0, 1.0)], [_rounds(1.0, 0.85)]], {"prefetch_f32": 8192},
-                             ["tiny/decode/f32"])
-    bf16 = run.retime_entries([{"prefetch_bf16": 8192}, {"prefetch_bf16": 0}],
-                              [[_rounds(1.0, 1.0)], [_rounds(1.0, 1.25)]], {"prefetch_bf16": 8192},
-                              ["tiny/decode/bf16"])
-    t = SimpleNamespace(say=lambda m: None)
-    assert run._choose(t, "decode_f32", f32)["knobs"] == {"prefetch_f32": 0}
-    assert run._choose(t, "decode_bf16", bf16)["knobs"] == {"prefetch_bf16": 8192}
+    f32 = classes.retime_entries([{"prefetch_f32": 8192}, {"prefetch_f32": 0}],
+                                 [[_rounds(1.0, 1.0)], [_rounds(1.0, 0.85)]],
+                                 {"prefetch_f32": 8192}, ["tiny/decode/f32"])
+    bf16 = classes.retime_entries([{"prefetch_bf16": 8192}, {"prefetch_bf16": 0}],
+                                  [[_rounds(1.0, 1.0)], [_rounds(1.0, 1.25)]],
+                                  {"prefetch_bf16": 8192}, ["tiny/decode/bf16"])
+    t = SimpleNamespace(say=lambda m: None, label=str)
+    assert classes.choose(t, "decode_f32", f32)["knobs"] == {"prefetch_f32": 0}
+    assert classes.choose(t, "decode_bf16", bf16)["knobs"] == {"prefetch_bf16": 8192}
 
 
 def test_three_rounds_slightly_below_one_are_not_slower_by_their_interval():
@@ -105,3 +106,97 @@ def test_one_round_has_no_interval():
 def test_fewer_rounds_widen_the_interval():
     wide, narrow = decide.ratio([1.02, 1.03, 1.01]), decide.ratio([1.02, 1.03, 1.01] * 3)
     assert wide.hi - wide.lo > narrow.hi - narrow.lo
+
+
+# ---------------------------------------------------------------- racing
+
+def test_race_step_names_each_candidates_state():
+    d = [[1.0, 1.01, 0.99, 1.0]]
+    got = decide.race_step(d, {"faster": [[0.8, 0.81, 0.79, 0.8]],
+                               "slower": [[1.2, 1.21, 1.19, 1.2]],
+                               "tie": [[1.0, 1.001, 0.99, 1.0]],
+                               "open": [[0.9, 1.1, 0.8, 1.2]],
+                               "worse": [[0.85, 0.86, 0.84, 0.85]]}, ["p"])
+    assert got == {"faster": "faster", "slower": "slower", "tie": "tie", "open": "open",
+                   "worse": "worse"}
+
+
+def test_a_candidate_slower_on_one_problem_is_settled_as_slower():
+    d = [[1.0] * 4, [2.0] * 4]
+    c = [[0.8, 0.81, 0.79, 0.8], [2.2, 2.21, 2.19, 2.2]]
+    assert decide.race_step(d, {"c": c}, ["a", "b"]) == {"c": "slower"}
+
+
+class _FakeSession:
+    """worker.Session replaced: each round returns the injected seconds of its libraries."""
+    script: dict = {}
+    rounds_seen: list = []
+
+    def __init__(self, libs, problems, **kw):
+        self.libs, self.problems, self.threads = list(libs), list(problems), kw["threads"]
+        self.verified = [None] * len(self.libs)
+        self.r = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def round(self, live):
+        _FakeSession.rounds_seen.append(list(live))
+        out = {}
+        for p in self.problems:
+            for th in self.threads:
+                out[(p.name, th)] = [(_FakeSession.script[lib][self.r % len(_FakeSession.script[lib])]
+                                      if i in live else None) for i, lib in enumerate(self.libs)]
+        self.r += 1
+        return out
+
+
+def _race(monkeypatch, script, rounds=(3, 10)):
+    from tuner.measure import interleave, problems, worker
+
+    monkeypatch.setattr(worker, "Session", _FakeSession)
+    monkeypatch.setattr(interleave, "prepare", lambda *a, **k: None)
+    _FakeSession.script, _FakeSession.rounds_seen = script, []
+    names = ["tiny/decode/f32"]
+    probs = [problems.problem(n) for n in names]
+
+    def step(res):
+        live = [i for i in res.live if i != 0]
+        rows = res.common([0, *live])
+        status = decide.race_step(rows[0], dict(zip(live, rows[1:])), names)
+        if not any(s == "open" for s in status.values()):
+            return None
+        return [0] + [i for i in live if status[i] in ("open", "faster")]
+
+    return interleave.interleave(list(script), probs, threads=[1], weights_dir="/nonexistent",
+                                 rounds=rounds, step=step)
+
+
+def test_a_race_drops_a_clear_loser_and_stops_when_nothing_is_open(monkeypatch):
+    wobble = [1.0, 1.004, 0.996, 1.002, 0.998]
+    res = _race(monkeypatch, {"default": wobble,
+                              "loser": [1.3 * w for w in reversed(wobble)],
+                              "open": [0.8, 1.25, 0.85, 1.2, 0.9, 1.15, 0.95, 1.1, 1.0, 1.05],
+                              "winner": [0.8 * w for w in wobble]})
+    # the loser is out after the first decision; the open one is kept until it settles or
+    # the rounds end; the race never runs past its maximum
+    assert res.dropped.get(1) == 3
+    assert all(1 not in live for live in _FakeSession.rounds_seen[3:])
+    assert res.rounds <= 10 and 3 in res.live
+
+
+def test_a_race_of_a_tie_stops_at_its_first_decision(monkeypatch):
+    wobble = [1.0, 1.001, 0.999, 1.0005, 0.9995]
+    res = _race(monkeypatch, {"default": wobble, "same": [w * 1.0002 for w in wobble]})
+    assert res.rounds == 3 and not res.dropped  # settled as a tie: stopped, nothing dropped
+
+
+def test_a_race_with_a_clear_winner_stops_at_its_first_decision(monkeypatch):
+    wobble = [1.0, 1.002, 0.998]
+    res = _race(monkeypatch, {"default": wobble, "fast": [0.7 * w for w in wobble]})
+    assert res.rounds == 3
+    v = decide.verdict(*(res.rows(i) for i in (0, 1)), ["tiny/decode/f32"])
+    assert v["adopt"]

@@ -1,12 +1,14 @@
-"""The acceptance gate (tuner/gate.py) on injected cell measurements: a class whose domain
-holds a slower cell reverts to its defaults, the gate re-checks, and its record (the
-manifest's "gate") says which class reverted and why."""
+"""The acceptance gate (tuner/gate.py) on injected cell measurements: a knob class of a shape
+class whose domain holds a slower cell reverts to its defaults for that shape class only,
+the gate re-checks, only the changed classes' cells are timed, a shape outside every tuned
+class must run the default's code, and the record (the manifest's "gate") says which
+class reverted and why."""
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from colibri_build import render
+from colibri_build import render, shapes
 from tuner import gate
 from tuner.build.signature import variant_id
 from tuner.measure import problems
@@ -14,15 +16,18 @@ from tuner.measure import problems
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = render.load_knob_spec("expert_ffn", ROOT / "templates")
 DEFAULT = {n: k.default for n, k in SPEC.knobs.items()} | {"isa": "avx512"}
+TINY = shapes.class_of(256, 128)          # the tiny shape's class
+QWEN3 = shapes.class_of(2048, 768)
 
 
 def _tuner(tmp_path):
     said = []
-    cfg = SimpleNamespace(gate_shapes=("tiny",), gate_threads=(1, 2), gate_rounds=5,
-                          gate_min_seconds=0.01, seed=0, threads=2)
+    cfg = SimpleNamespace(gate_shapes=(), gate_threads=(1, 2), gate_rounds=5,
+                          gate_min_seconds=0.01, seed=0, threads=2, worker_timeout_s=60)
     return SimpleNamespace(cfg=cfg, spec=SPEC, classes=SPEC.classes(), default=dict(DEFAULT),
+                           default_assignment=dict(DEFAULT),
                            say=said.append, said=said, work=tmp_path, store_path=tmp_path / "s.sqlite",
-                           all_problems=[problems.problem("tiny/decode/f32")],
+                           profile_name="generic", read_bandwidth=lambda: 40.0,
                            key=lambda k, p: f"{variant_id(k)}|{p.name}")
 
 
@@ -33,114 +38,125 @@ def _cell(problem, threads, ratios):
             "rounds": r.rounds, "slower": r.slower, "faster": r.faster}
 
 
-def _fake_measure(slow_cells, calls):
-    """Every cell of the matrix at 1.0x +- 0.5%, except slow_cells {(problem, threads): ratios}
-    while the candidate still has the knobs that made them slow (checked by `still`)."""
-    def measure(t, cand, probs, threads, rounds=None):
-        calls.append(dict(cand))
+@pytest.fixture
+def fake(monkeypatch):
+    """_build, _check_outside and _measure replaced: cells at 1.0x +- 0.5% unless a rule of
+    `slow` {(problem, threads): (still(candidate) -> bool, ratios)} holds for the candidate
+    being measured; every measured candidate and problem set is recorded."""
+    state = SimpleNamespace(slow={}, measured=[], outside_ok=True, cand=None)
+
+    def build(t, cand):
+        state.cand = dict(cand)
+        return ["default.so", "candidate.so"]
+
+    def outside(t, cand, libs, tuned, extra):
+        s = gate.outside_shape(tuned, extra)
+        return {"shape": s, "ok": state.outside_ok, "why": "runs the default's machine code"
+                if state.outside_ok else "its layers run kernel table 'h22_i20'"}
+
+    def measure(t, libs, probs, threads):
+        state.measured.append((dict(state.cand), [p.name for p in probs]))
         out = []
         for p in probs:
             for th in threads:
-                slow = [r for (name, n, still), r in slow_cells.items()
-                        if name == p.name and n == th and still(cand)]
-                out.append(_cell(p.name, th, slow[0] if slow else [1.0, 1.005, 0.995, 1.0, 1.002]))
+                rule = state.slow.get((p.name, th))
+                slow = rule is not None and rule[0](state.cand)
+                out.append(_cell(p.name, th, rule[1] if slow else [1.0, 1.005, 0.995, 1.0, 1.002]))
         return out
-    return measure
+
+    monkeypatch.setattr(gate, "_build", build)
+    monkeypatch.setattr(gate, "_check_outside", outside)
+    monkeypatch.setattr(gate, "_measure", measure)
+    return state
 
 
-@pytest.fixture
-def no_weights(monkeypatch):
-    monkeypatch.setattr(gate.weights, "ensure", lambda *a, **k: None)
+def _cand(**per_class):
+    return shapes.join(DEFAULT, per_class)
 
 
-def test_a_class_slower_on_a_cell_of_its_domain_reverts_and_the_gate_rechecks(tmp_path, monkeypatch, no_weights):
+def test_a_class_slower_on_a_cell_of_its_domain_reverts_for_its_shape_class_only(tmp_path, fake):
     t = _tuner(tmp_path)
-    cand = dict(DEFAULT, rows=1, prefill_rows=4)   # classes decode and prefill tuned
-    calls = []
-    slow = {("tiny/decode/bf16", 2, lambda c: c["rows"] == 1): [0.95, 0.96, 0.94, 0.95, 0.955]}
-    monkeypatch.setattr(gate, "_measure", _fake_measure(slow, calls))
-    rec = gate.run_gate(t, cand, [])
-    assert set(rec["reverted"]) == {"decode"}
-    assert "tiny/decode/bf16 at 2 thread(s)" in rec["reverted"]["decode"]["cells"][0]
-    assert rec["reverted"]["decode"]["knobs"]["rows"] == 1
-    assert rec["knobs"]["rows"] == DEFAULT["rows"] and rec["knobs"]["prefill_rows"] == 4
-    assert len(rec["passes"]) == 2 and len(calls) == 2          # re-checked after the fallback
+    cand = _cand(**{TINY: {"rows": 1, "prefill_rows": 4}, QWEN3: {"rows": 1}})
+    fake.slow[("tiny/decode/bf16", 2)] = (lambda c: shapes.for_class(c, TINY)["rows"] == 1,
+                                          [0.95, 0.96, 0.94, 0.95, 0.955])
+    rec = gate.run_gate(t, cand, {TINY: ["tiny"], QWEN3: ["qwen3-30b-a3b"]})
+    assert set(rec["reverted"]) == {f"{TINY}/decode"}
+    assert "tiny/decode/bf16 at 2 thread(s)" in rec["reverted"][f"{TINY}/decode"]["cells"][0]
+    assert rec["reverted"][f"{TINY}/decode"]["knobs"]["rows"] == 1
+    # the tiny class keeps its prefill knobs, Qwen3's class keeps its decode knobs
+    assert shapes.for_class(rec["knobs"], TINY)["rows"] == DEFAULT["rows"]
+    assert shapes.for_class(rec["knobs"], TINY)["prefill_rows"] == 4
+    assert shapes.for_class(rec["knobs"], QWEN3)["rows"] == 1
+    assert rec["knobs"]["rows"] == DEFAULT["rows"]             # the base stays the default
+    assert len(rec["passes"]) == 2 and len(fake.measured) == 2  # re-checked after the fallback
     assert rec["passes"][1]["reverted"] == [] and rec["passed"]
-    assert len(rec["cells"]) == len(gate.matrix(["tiny"])) * 2   # every dtype x phase x threads
-    assert any("class decode reverts to its defaults" in s for s in t.said)
+    assert any(f"class decode of shape class {TINY} reverts" in s for s in t.said)
     # a second run of the same candidate takes the record, measuring nothing
-    calls.clear()
-    assert gate.run_gate(t, cand, [])["reverted"].keys() == {"decode"} and calls == []
+    fake.measured.clear()
+    again = gate.run_gate(t, cand, {TINY: ["tiny"], QWEN3: ["qwen3-30b-a3b"]})
+    assert again["reverted"].keys() == {f"{TINY}/decode"} and fake.measured == []
 
 
-def test_a_clearly_slower_cell_outside_every_domain_reverts_all_tuned_classes(tmp_path, monkeypatch, no_weights):
+def test_only_the_changed_classes_cells_are_timed(tmp_path, fake):
     t = _tuner(tmp_path)
-    cand = dict(DEFAULT, prefetch_f32=0)            # changes decode f32 code only
-    slow = {("tiny/prefill512/int8", 1, lambda c: c["prefetch_f32"] == 0): [0.9, 0.91, 0.92, 0.9, 0.9]}
-    monkeypatch.setattr(gate, "_measure", _fake_measure(slow, []))
-    rec = gate.run_gate(t, cand, [])
-    assert set(rec["reverted"]) == {"decode_f32"}
-    assert "outside every tuned class's domain" in rec["reverted"]["decode_f32"]["cells"][0]
-    assert rec["knobs"] == DEFAULT
+    rec = gate.run_gate(t, _cand(**{TINY: {"prefetch_int8": 4096}}), {TINY: ["tiny"]})
+    (_, timed), = fake.measured
+    # decode_int8's domain: the decode path of int8, nothing else
+    assert timed == ["tiny/decode/int8"]
+    assert {(c["problem"], c["threads"]) for c in rec["cells"]} == {("tiny/decode/int8", 1),
+                                                                     ("tiny/decode/int8", 2)}
 
 
-def test_a_slight_consistent_difference_outside_every_domain_is_noted_not_reverted(tmp_path, monkeypatch, no_weights):
+def test_the_gate_covers_each_path_of_a_shape_with_few_experts(tmp_path, fake):
+    # tiny has 16 experts, top-4: prefill128 and prefill512 are on the gemm path; the prefill
+    # dot kernels run at prefill32, which the matrix adds
     t = _tuner(tmp_path)
-    cand = dict(DEFAULT, prefetch_f32=0)
-    slow = {("tiny/prefill512/int8", 1, lambda c: True): [0.995, 0.994, 0.996, 0.995, 0.993]}
-    monkeypatch.setattr(gate, "_measure", _fake_measure(slow, []))
-    rec = gate.run_gate(t, cand, [])
-    assert rec["reverted"] == {} and rec["knobs"]["prefetch_f32"] == 0
-    noted = [c for c in rec["cells"] if c.get("note")]
-    assert [(c["problem"], c["threads"]) for c in noted] == [("tiny/prefill512/int8", 1)]
+    gate.run_gate(t, _cand(**{TINY: {"prefill_rows": 4}}), {TINY: ["tiny"]})
+    (_, timed), = fake.measured
+    assert {n.split("/")[1] for n in timed} == {"prefill32"}
 
 
-def test_a_candidate_that_fails_a_cell_is_not_shipped(tmp_path, monkeypatch, no_weights):
+def test_a_candidate_that_fails_a_cell_is_not_shipped(tmp_path, fake, monkeypatch):
     t = _tuner(tmp_path)
-    cand = dict(DEFAULT, rows=1, prefetch_int4=4096)
+    cand = _cand(**{TINY: {"rows": 1, "prefetch_int4": 4096}})
 
-    def measure(t_, c, probs, threads, rounds=None):
-        bad = c != DEFAULT
+    def measure(t_, libs, probs, threads):
+        bad = fake.cand != DEFAULT
         return [{"problem": p.name, "threads": th, "status": "wrong", "reason": "max relative error"}
                 if bad and p.dtype == "int4" else _cell(p.name, th, [1.0] * 5)
                 for p in probs for th in threads]
     monkeypatch.setattr(gate, "_measure", measure)
-    rec = gate.run_gate(t, cand, [])
-    assert set(rec["reverted"]) == {"decode", "decode_int4"} and rec["knobs"] == DEFAULT
+    rec = gate.run_gate(t, cand, {TINY: ["tiny"]})
+    assert set(rec["reverted"]) == {f"{TINY}/decode", f"{TINY}/decode_int4"}
+    assert rec["knobs"] == DEFAULT
 
 
-def test_the_default_needs_no_gate(tmp_path, monkeypatch, no_weights):
+def test_a_shape_outside_the_tuned_classes_that_does_not_run_the_default_reverts_all(tmp_path, fake):
     t = _tuner(tmp_path)
-    monkeypatch.setattr(gate, "_measure", lambda *a: pytest.fail("measured the default"))
-    rec = gate.run_gate(t, dict(DEFAULT), [])
+    fake.outside_ok = False
+    rec = gate.run_gate(t, _cand(**{QWEN3: {"rows": 1}}), {QWEN3: ["qwen3-30b-a3b"]})
+    assert rec["knobs"] == DEFAULT and set(rec["reverted"]) == {f"{QWEN3}/decode"}
+    assert "olmoe-1b-7b" in rec["reverted"][f"{QWEN3}/decode"]["cells"][-1]
+
+
+def test_the_default_needs_no_gate(tmp_path, fake):
+    t = _tuner(tmp_path)
+    rec = gate.run_gate(t, dict(DEFAULT), {QWEN3: ["qwen3-30b-a3b"]})
     assert rec["knobs"] == DEFAULT and rec["passes"] == [] and "default" in rec["note"]
+    assert fake.measured == []
 
 
-def test_validation_matrix_covers_every_dtype_phase_and_an_untuned_shape():
-    shapes = gate.validation_shapes(["qwen3-30b-a3b"])
-    assert shapes[0] == "qwen3-30b-a3b" and len(shapes) == 2
-    names = gate.matrix(shapes)
-    assert len(names) == 2 * 3 * 4
+def test_the_outside_shape_is_one_no_tuned_class_holds():
+    assert gate.outside_shape({QWEN3}) == "olmoe-1b-7b"
+    assert gate.outside_shape({shapes.class_of(2048, 1024)}) == "qwen3-30b-a3b"
+    assert gate.outside_shape({QWEN3}, ("mixtral-8x7b",)) == "mixtral-8x7b"
+
+
+def test_validation_matrix_covers_every_dtype_and_phase():
+    names = gate.matrix(["qwen3-30b-a3b"])
+    assert len(names) == 3 * 4
     assert {n.split("/")[1] for n in names} == {"decode", "prefill128", "prefill512"}
     assert {n.split("/")[2] for n in names} == {"f32", "bf16", "int8", "int4"}
-    assert gate.validation_shapes(["olmoe-1b-7b"])[1] == "qwen3-30b-a3b"
-
-
-def test_a_cell_slower_only_by_a_noisy_median_is_measured_again_before_deciding(tmp_path, monkeypatch, no_weights):
-    t = _tuner(tmp_path)
-    cand = dict(DEFAULT, rows=1)
-    asked = []
-
-    def measure(t_, c, probs, threads, rounds=None):
-        asked.append((len(probs), rounds))
-        noisy = [0.7, 1.3, 0.96, 0.97, 1.0, 0.95]     # one disturbed round: median < 0.98
-        return [_cell(p.name, th, noisy if (p.name, th) == ("tiny/decode/f32", 2) and rounds is None
-                      else [1.0, 1.004, 0.997, 1.001, 1.0, 0.999])
-                for p in probs for th in threads]
-    monkeypatch.setattr(gate, "_measure", measure)
-    rec = gate.run_gate(t, cand, [])
-    assert rec["reverted"] == {} and rec["knobs"]["rows"] == 1
-    assert asked[1] == (1, 2 * t.cfg.gate_rounds)                 # only that cell, twice the rounds
-    again = next(c for c in rec["cells"] if c.get("first"))
-    assert (again["problem"], again["threads"]) == ("tiny/decode/f32", 2) and again["first"]["slower"]
-    assert not again["slower"]
+    # Mixtral's 8 experts: its prefill dot kernels run at prefill32
+    assert "prefill32" in {n.split("/")[1] for n in gate.matrix(["mixtral-8x7b"])}
+    assert all(problems.problem(n) for n in names)

@@ -135,7 +135,7 @@ def slow_templates(tmp_path):
     d = tmp_path / "templates"
     shutil.copytree(ROOT / "templates", d)
     src = (d / "expert_ffn.c.j2").read_text()
-    marker = ("void cbk_gateup(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, "
+    marker = ("void cbk_gateup{{ sfx }}(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, "
               "int ldx,\n                const int32_t *tok, int ntok, int r0, int r1, "
               "float *Hout, int ldh, void *ws) {\n")
     assert marker in src
@@ -168,8 +168,13 @@ def tune(tmp_path, templates, store, *extra):
 
 
 def test_run_from_registry_measures_fewer_and_finds_the_same_winner(tmp_path, slow_templates):
+    from colibri_build import shapes
+
     cold, _ = tune(tmp_path, slow_templates, tmp_path / "machine-a.sqlite")
-    assert cold["winner"]["knobs"]["fault"] == "none"
+    # the winner runs for the tuned shape's class; every other shape keeps the default
+    tiny = shapes.class_of(256, 128)
+    assert shapes.for_class(cold["winner"]["knobs"], tiny)["fault"] == "none"
+    assert cold["winner"]["knobs"]["fault"] == "slow"
     assert cold["measured_this_run"] == 4  # the default (fault=slow) is a point of the space
     reg = tmp_path / "registry.sqlite"
     assert merge([tmp_path / "machine-a.sqlite"], reg)["added"] == 4

@@ -28,6 +28,8 @@ FAULTS = {
     "leak": "{ static void *volatile sink; char *p = malloc(16384); if (p) memset(p, 1, 16384); sink = p; }",
     # correct but slow: a busy loop per call (a deterministic loser for the kill test)
     "slow": "{ for (volatile long i = 0; i < 200000; ++i) {} }",
+    # another knob value, the same machine code
+    "same": "",
 }
 # after the kernel has written its output: a wrong answer, not a crash
 WRONG = "    if (ntok > 0 && r1 > r0) Hout[r0] += 1.0f;\n"
@@ -43,15 +45,15 @@ def make_broken_templates(d: Path) -> Path:
     variants)."""
     shutil.copytree(ROOT / "templates", d)
     src = (d / "expert_ffn.c.j2").read_text()
-    marker = "void cbk_gateup(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, int ldx,\n                const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh, void *ws) {\n"
+    marker = "void cbk_gateup{{ sfx }}(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, int ldx,\n                const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh, void *ws) {\n"
     assert marker in src
     inject = "".join(f'{{% if fault == "{k}" %}}    {v}\n{{% endif %}}' for k, v in FAULTS.items())
     # after each entry point's dtype switch, before the function's closing brace
-    end, nxt = "    }\n", "}\n\nvoid cbk_rows_acc("
+    end, nxt = "    }\n", "}\n\nvoid cbk_rows_acc{{ sfx }}("
     assert src.count(end + nxt) == 1
     src = src.replace(end + nxt, end + '{% if fault == "wrong" %}' + WRONG + "{% endif %}"
                       + '{% if fault == "oob_scratch" %}' + OOB_SCRATCH + "{% endif %}" + nxt)
-    nxt_acc = "}\n\n/* thread splits"
+    nxt_acc = "}\n\n{% if table == \"default\" %}/* thread splits"
     assert src.count(end + nxt_acc) == 1
     src = src.replace(end + nxt_acc, end + '{% if fault == "oob_out" %}' + OOB_OUT + "{% endif %}" + nxt_acc)
     src = src.replace("#include <string.h>\n", "#include <stdlib.h>\n#include <string.h>\n", 1)
@@ -83,7 +85,7 @@ import json, sys
 from pathlib import Path
 from tuner.run import RunConfig, run
 cfg = RunConfig(profile="generic", problems={PROBLEMS!r}, strategy="exhaustive", quick=True,
-                min_seconds=0.05, retime_rounds=1, worker_timeout_s=20,
+                min_seconds=0.05, race_rounds=(1, 1), worker_timeout_s=20,
                 build_dir=Path({str(tmp_path / 'build')!r}),
                 report_dir=Path({str(tmp_path / 'reports')!r}),
                 space_overrides={{"isa": ["portable"], "rows": [1, 2], "tok_block": [1],
@@ -232,7 +234,7 @@ def _phase_of(line: str) -> str | None:
         return "probing"
     if line.startswith(("building ", "[")):
         return "building"
-    if line.startswith(("built ", "  ", "re-timing", "finalists unchanged")):
+    if line.startswith(("built ", "  ", "racing")):
         return "measuring"
     if line.startswith("emitting:"):
         return "emitting"
@@ -380,6 +382,34 @@ def test_a_second_run_on_a_locked_store_refuses_or_waits_and_never_interleaves(t
     assert sorted(faults[:3]) == ["none", "slow", "wrong"] and faults[3:] == ["oob_out"], faults
 
 
+def _run_faults(tmp_path, faults):
+    templates = make_broken_templates(tmp_path / "templates")
+    env = dict(os.environ, COLIBRI_TEMPLATES_DIR=str(templates))
+    store = tmp_path / "store.sqlite"
+    res = subprocess.run([sys.executable, "-m", "tuner", "run", "--problem", "tiny/decode/f32",
+                          "--profile", "generic", "--quick", "--min-seconds", "0.02",
+                          "--no-bandwidth", "--threads", "1", "--no-emit", "--no-report",
+                          "--json", "--build-dir", str(tmp_path / "build"), "--store", str(store),
+                          *_space_args(faults)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout), res.stderr, [json.loads(r[3])["fault"]
+                                                 for r in _full_rows(store).values()]
+
+
+def test_a_variant_with_the_defaults_machine_code_is_not_timed(tmp_path):
+    s, err, timed = _run_faults(tmp_path / "a", ["none", "same", "slow"])
+    (decode,) = [c for c in s["classes"] if c["class"] == "decode"]
+    assert len(decode["same_code_as_default"]) == 1 and "fault=same" in decode["same_code_as_default"][0]
+    assert sorted(timed) == ["none", "slow"]  # "same" was built and compared, never timed
+    assert "fault=same" in err and "the default's machine code: a tie, not timed" in err
+    # a class whose every variant is the default's code is not tuned at all, nothing timed
+    s, err, timed = _run_faults(tmp_path / "b", ["none", "same"])
+    assert timed == [] and not [c for c in s["classes"] if c["class"] == "decode"]
+    (skip,) = [c for c in s["skipped_classes"] if c["class"] == "decode"]
+    assert "reach no compiled code on this profile" in skip["why"]
+
+
 def test_load_warning_names_the_threads_whose_timings_will_be_noisy():
     from tuner.run import load_warning
 
@@ -391,8 +421,9 @@ def test_load_warning_names_the_threads_whose_timings_will_be_noisy():
 
 
 def test_worker_memory_cap_holds_the_reference_weights_and_every_layer_copy():
-    # an int8 worker holds the f32 weights it verifies against (4x its own) and 3 copies
-    # of the layer on a 300 MiB LLC: a cap from the int8 bytes alone failed its mmap
+    # a worker maps the f32 weights it verifies against (4x an int8 layer) and, per library,
+    # the model file of every copy of the layer it cycles through (3 on a 300 MiB LLC): a
+    # cap from the int8 bytes alone failed its mmap
     from dataclasses import replace
 
     from tuner.host.bandwidth import resident_copies
@@ -403,7 +434,8 @@ def test_worker_memory_cap_holds_the_reference_weights_and_every_layer_copy():
     for name in ("qwen3-30b-a3b/decode/int8", "qwen3-30b-a3b/decode/int4",
                  "mixtral-8x7b/decode/f32"):
         p = problem(name)
-        held = (replace(p, dtype="f32").layer_bytes
-                + (1 + resident_copies(p.layer_bytes, llc)) * p.layer_bytes)
-        assert memory_cap([p], llc) >= held + (2 << 30)
-    assert memory_cap([problem("tiny/decode/f32")], llc) == 4 << 30
+        for libs in (1, 3):
+            held = (replace(p, dtype="f32").layer_bytes
+                    + libs * resident_copies(p.layer_bytes, llc) * p.layer_bytes)
+            assert memory_cap([p], libs, llc) >= held + (2 << 30)
+    assert memory_cap([problem("tiny/decode/f32")], 1, llc) == 4 << 30

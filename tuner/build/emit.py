@@ -165,6 +165,7 @@ def emit(t: Target, knobs: dict, summary: dict) -> dict:
     check = isacheck.check_library(built / "libcolibri.so", isa=knobs.get("isa")).to_dict()
     manifest = {
         "generated_by": "python -m tuner run (do not edit)",
+        "created": time.time(),
         "signature": sig,
         "host": {k: t.host.get(k) for k in HOST_FIELDS},
         "profile": t.profile_name,
@@ -178,9 +179,13 @@ def emit(t: Target, knobs: dict, summary: dict) -> dict:
         "isa_check": check,
         # the acceptance gate: every validation cell's ratio and interval, reverted classes
         "gate": summary.get("gate"),
-        "summary": {k: summary[k] for k in ("strategy", "space_size", "evaluations", "rows",
-                                            "winner", "classes", "skipped_classes", "default", "failed",
-                                            "read_bandwidth_gbps", "store")},
+        # the tuned shape classes: their shapes, the knobs they run besides the defaults
+        "shape_classes": summary.get("shape_classes") or {},
+        "headline": summary.get("headline"),
+        "summary": {k: summary.get(k) for k in ("strategy", "space_size", "evaluations", "rows",
+                                                "winner", "classes", "skipped_classes", "default",
+                                                "failed", "read_bandwidth_gbps", "store",
+                                                "shape_classes", "headline")},
     }
     files["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n"
     publish(public, files)

@@ -39,6 +39,14 @@ def variant_dir(build_dir: Path, profile: str, vid: str) -> Path:
     return Path(build_dir) / profile / "variants" / dir_id(vid)
 
 
+def kernel_object(build_dir: Path, profile: str, vid: str, template: str = "expert_ffn",
+                  table: str | None = None) -> Path:
+    """The compiled rendering of `template` in a variant's build: its base knobs' (table
+    None), or a shape class's (SConstruct's declare_kernels)."""
+    name = template + (f"_{table}" if table else "")
+    return Path(build_dir) / profile / "obj" / "variants" / dir_id(vid) / f"{name}.os"
+
+
 def _messages_for(output: str, did: str) -> str:
     """Lines of the build output that concern one variant (gcc names the file)."""
     tag = f"variants/{did}/"

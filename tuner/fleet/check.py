@@ -201,16 +201,18 @@ def compare(art: Artifact) -> dict:
 
 def retime(art: Artifact, build_dir: Path, rounds: int, min_seconds: float | None,
            threshold: float, say) -> dict:
-    """Artifact vs default build, interleaved; per problem the median over rounds."""
+    """Artifact vs default build, interleaved (tuner/measure/interleave.py); per problem the
+    median over rounds."""
     from colibri._lib import LibraryNotFound, build_profile
     from colibri_build import hostid
 
-    from tuner.measure import problems as problems_mod, weights, worker
+    from tuner.measure import interleave, problems as problems_mod
 
     m = art.manifest
     rows = {r["problem"]: r for r in (m.get("summary") or {}).get("rows", [])}
     names = list(rows) or [p for c in (m.get("summary") or {}).get("classes", [])
                            for p in c.get("problems", [])]
+    names = list(dict.fromkeys(names))
     if not names:
         raise ArtifactError("the manifest names no problems to re-time")
     probs = [problems_mod.problem(n) for n in names]
@@ -223,33 +225,25 @@ def retime(art: Artifact, build_dir: Path, rounds: int, min_seconds: float | Non
     secs = min_seconds if min_seconds is not None else max(0.1, (measure.get("min_seconds") or 0.5) / 2)
     say(f"building the default library of profile {m['profile']} (scons profile={m['profile']})")
     default = build_profile(m["profile"], build_dir=build_dir, quiet=True)
-    wdir = build_dir / "tuner" / "weights"
-    for p in probs:
-        weights.ensure(wdir, p, seed, progress=say)
-    libs = {"artifact": art.library, "default": default}
-    per = {k: [] for k in libs}
-    mem = max(4 << 30, 4 * max(p.E * p.expert_bytes for p in probs) + (2 << 30))
-    failures = []
     say(f"re-timing the artifact against the default, {rounds} round(s) interleaved, "
         f"{threads} thread(s)")
-    for r in range(rounds):
-        order = ["artifact", "default"] if r % 2 == 0 else ["default", "artifact"]
-        for which in order:
-            job = {"lib": str(libs[which]), "problems": [{"name": n} for n in names],
-                   "weights_dir": str(wdir), "seed": seed, "threads": threads,
-                   "min_seconds": secs}
-            outs = worker.measure(job, 300.0, mem)
-            bad = [o for o in outs if o.status != "ok"]
-            if bad:
-                failures += [f"{which} {o.problem}: {o.status} ({o.reason.splitlines()[0] if o.reason else ''})"
-                             for o in bad]
-                continue
-            per[which].append([sorted(o.samples)[len(o.samples) // 2] for o in outs])
+    res = interleave.interleave([art.library, default], probs, threads=[threads],
+                                weights_dir=build_dir / "tuner" / "weights", seed=seed,
+                                rounds=(rounds, rounds), min_seconds=secs, verify=[True, False],
+                                say=say)
+    failures = []
+    if not res.ok:
+        failures.append(f"{res.status} ({res.reason.splitlines()[0] if res.reason else ''})")
+    bad = res.verified[0] if res.verified else None
+    if bad and bad.get("status") != "ok":
+        failures.append(f"artifact {bad.get('problem', '')}: {bad['status']} ({bad.get('reason', '')[:200]})")
     out_rows, drift = [], False
     if not failures:
-        for i, name in enumerate(names):
-            now = sorted(r[i] for r in per["artifact"])[len(per["artifact"]) // 2]
-            dflt = sorted(r[i] for r in per["default"])[len(per["default"]) // 2]
+        from tuner import decide
+
+        for name in names:
+            a, d = res.seconds[(name, threads)]
+            now, dflt = decide._median(a), decide._median(d)
             recorded = (rows.get(name) or {}).get("tuned_s")
             vs_rec = now / recorded if recorded else None
             vs_def = now / dflt
@@ -314,26 +308,28 @@ def gate_recheck(art: Artifact, build_dir: Path, default: Path, n: int, rounds: 
         note = f" ({g['note']})" if g.get("note") else ""
         return {"skipped": "the manifest records no gate cells" + note}
     from tuner import decide
-    from tuner.measure import problems as problems_mod, weights, worker
+    from tuner.measure import interleave, problems as problems_mod
 
     seed = (art.manifest.get("measure") or {}).get("seed") or 0
-    rounds = g.get("rounds") or rounds  # as many rounds as the recorded interval had
+    # as many rounds as the recorded intervals had
+    rounds = max([rounds, *(c.get("rounds") or 0 for c in cells)])
     secs = min_seconds or g.get("min_seconds") or 0.2
-    wdir = build_dir / "tuner" / "weights"
-    probs = {c["problem"]: problems_mod.problem(c["problem"]) for c in cells}
-    for p in probs.values():
-        weights.ensure(wdir, p, seed, progress=say)
     say(f"re-measuring {len(cells)} cell(s) of the gate's matrix, default vs artifact, "
         f"{rounds} round(s) interleaved")
     got = {}
-    for th in sorted({c["threads"] for c in cells}):  # one job per thread count: no unsampled cell
-        names = [c["problem"] for c in cells if c["threads"] == th]
-        job = {"libs": [str(default), str(art.library)], "problems": [{"name": x} for x in names],
-               "threads": [th], "rounds": rounds, "min_seconds": secs, "warmup": 1,
-               "verify": [False, True], "weights_dir": str(wdir), "seed": seed}
-        for r in worker.compare(job, 300.0 * len(names),
-                                2 * worker.memory_cap([probs[x] for x in names])):
-            got[(r["problem"], r["threads"])] = r
+    for th in sorted({c["threads"] for c in cells}):  # one session per thread count: no unsampled cell
+        probs = [problems_mod.problem(c["problem"]) for c in cells if c["threads"] == th]
+        res = interleave.interleave([default, art.library], probs, threads=[th],
+                                    weights_dir=build_dir / "tuner" / "weights", seed=seed,
+                                    rounds=(rounds, rounds), min_seconds=secs, verify=[False, True],
+                                    say=say)
+        v = res.verified[1] if res.verified else None
+        for p in probs:
+            if not res.ok or (v and v.get("status") != "ok"):
+                why = res.reason if not res.ok else v.get("reason", "")
+                got[(p.name, th)] = {"status": res.status if not res.ok else v["status"], "reason": why}
+            else:
+                got[(p.name, th)] = {"status": "ok", "seconds": res.seconds[(p.name, th)]}
     rows, failures = [], []
     for c in cells:
         r = got.get((c["problem"], c["threads"])) or {"status": "error", "reason": "not measured"}

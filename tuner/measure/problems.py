@@ -1,7 +1,13 @@
-"""The problems the tuner times: a reference model shape, a phase (decode T=1 or
-prefill), and a weight dtype. Data, not branches: add a shape or a phase here."""
+"""The problems the tuner times: a model shape, a phase (decode T=1 or prefill), and a
+weight dtype. Data, not branches: add a shape or a phase here.
+
+A shape is a reference model's name (SHAPES) or the name shape_name() gives any other
+set of sizes, which spells them out ("h2048-i1408-e60-k4-s5632g": hidden, expert inter,
+experts, top-k, a shared expert of 5632, gated; "-topk" for softmax over the top-k
+logits, "-norm" for renormalised weights), so that a worker process knows it by name."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 # Reference shapes (DESIGN.md), facts from the models' published configs.
@@ -17,6 +23,36 @@ SHAPES = {
     "tiny": dict(H=256, I=128, E=16, k=4, scoring="softmax", norm=True, S=64, gated=True),
 }
 PHASES = {"decode": 1, "prefill": 128}
+_SPELLED = re.compile(r"h(\d+)-i(\d+)-e(\d+)-k(\d+)(?:-s(\d+)(g?))?(-topk)?(-norm)?")
+
+
+def shape_dims(shape: str) -> dict:
+    """The sizes and routing of a shape name (a reference shape or a spelled-out one)."""
+    if shape in SHAPES:
+        return SHAPES[shape]
+    m = _SPELLED.fullmatch(shape)
+    if not m:
+        raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}, or sizes spelled "
+                         f"out as h<H>-i<I>-e<E>-k<k>[-s<S>[g]][-topk][-norm]")
+    H, I, E, k = (int(m.group(i)) for i in range(1, 5))
+    if not (1 <= k <= E and min(H, I) >= 1):
+        raise ValueError(f"shape {shape!r}: needs 1 <= k <= E and sizes >= 1")
+    return dict(H=H, I=I, E=E, k=k, scoring="softmax_topk" if m.group(7) else "softmax",
+                norm=bool(m.group(8)), S=int(m.group(5) or 0), gated=bool(m.group(6)))
+
+
+def shape_name(dims: dict) -> str:
+    """A reference shape with exactly these sizes and routing, else the spelled-out name."""
+    want = dict(dims, S=dims.get("S", 0), gated=bool(dims.get("gated", False)))
+    for name, s in SHAPES.items():
+        if name != "tiny" and dict(s, S=s.get("S", 0), gated=s.get("gated", False)) == want:
+            return name
+    name = f"h{want['H']}-i{want['I']}-e{want['E']}-k{want['k']}"
+    if want["S"]:
+        name += f"-s{want['S']}" + ("g" if want["gated"] else "")
+    name += ("-topk" if want["scoring"] == "softmax_topk" else "") + ("-norm" if want["norm"] else "")
+    shape_dims(name)  # checks it
+    return name
 from colibri.quant import DTYPES, stored_bytes
 
 
@@ -75,15 +111,13 @@ def problem(name: str) -> Problem:
         shape, phase, dtype = name.split("/")
     except ValueError:
         raise ValueError(f"problem {name!r} is not 'shape/phase/dtype'") from None
-    if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+    s = shape_dims(shape)
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
     base = phase.rstrip("0123456789")
     if base not in PHASES:
         raise ValueError(f"unknown phase {phase!r}; known: decode, prefill, prefillN")
     T = int(phase[len(base):]) if phase != base else PHASES[base]
-    s = SHAPES[shape]
     return Problem(shape=shape, phase=phase, dtype=dtype, T=T, H=s["H"], I=s["I"], E=s["E"],
                    k=s["k"], scoring=s["scoring"], norm=s["norm"], S=s.get("S", 0),
                    gated=s.get("gated", False))
@@ -115,7 +149,7 @@ def path_phase(shape: str, path: str) -> str:
     PATH_TOKENS[path] tokens per expert (qwen3-30b-a3b: prefill128 and prefill512)."""
     if path == "decode":
         return "decode"
-    s = SHAPES[shape]
+    s = shape_dims(shape)
     return f"prefill{PATH_TOKENS[path] * s['E'] // s['k']}"
 
 

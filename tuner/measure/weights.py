@@ -1,8 +1,12 @@
-"""Random weights of a problem's shape, generated once and kept on disk as .npy files.
+"""Random weights of a problem's shape, generated once and kept on disk.
 
-Every variant's worker maps the same files (np.load(mmap_mode='r')), so generating
-gigabytes of weights is paid once per shape and dtype, not once per variant.
-Deterministic in the seed, so a recorded result can be reproduced."""
+The f32 weights are .npy files (the reference reads them memory-mapped); each weight dtype
+the tuner times is a model file (FORMAT.md) encoded from them, which every library a
+measurement compares loads in place: they all read the same pages of the page cache, so
+where the weights sit in memory cannot favour one of them (two copies of the same layer,
+allocated one after the other, timed 1.06-1.09x apart). The bench reads .npy encodings
+(ensure with its dtype). Generating gigabytes of weights is paid once per shape, not once
+per variant. Deterministic in the seed, so a recorded result can be reproduced."""
 from __future__ import annotations
 
 import os
@@ -37,25 +41,74 @@ def _save(path: Path, a: np.ndarray) -> None:
     os.replace(tmp, path)  # a killed run never leaves half a weights file
 
 
-def ensure(root: str | os.PathLike, p: Problem, seed: int = 0, progress=None) -> Path:
-    """Create (if missing) the f32 weights of p's shape and their encoding in p.dtype."""
+# Rows are windows of one pool of normal samples at random offsets: each row is its own
+# sequence of N(0, 1) values, and generating gigabytes costs a copy, not a sample each.
+POOL_SAMPLES = 1 << 22
+
+
+def _generate(shape: tuple[int, ...], seed: int, index: int) -> np.ndarray:
+    """Normal N(0, 1) float32 values of `shape`, deterministic in (seed, index)."""
+    rng = np.random.default_rng([seed, index])
+    cols = shape[-1]
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    if rows * cols <= POOL_SAMPLES:
+        return rng.standard_normal(shape, dtype=np.float32)
+    pool = rng.standard_normal(POOL_SAMPLES + cols, dtype=np.float32)
+    windows = np.lib.stride_tricks.sliding_window_view(pool, cols)
+    starts = rng.integers(0, POOL_SAMPLES, size=rows)
+    return windows[starts].reshape(shape)  # advanced indexing gathers the rows only
+
+
+def ensure_f32(root: str | os.PathLike, p: Problem, seed: int = 0, progress=None) -> Path:
+    """Create (if missing) the f32 weights of p's shape; their directory."""
     d = _dir(Path(root), p, seed)
     d.mkdir(parents=True, exist_ok=True)
     shapes = _shapes(p)
-    rng = None
-    for name, shape in shapes.items():
+    for index, (name, shape) in enumerate(shapes.items()):
         f = d / f"{name}.f32.npy"
         if f.exists():
             continue
         if progress:
             progress(f"generating {p.shape} weights: {name} {list(shape)}")
-        # one generator per tensor: regenerating one file gives the same values
-        rng = np.random.default_rng([seed, list(shapes).index(name)])
-        fan_in = shape[-1]
+        a = _generate(shape, seed, index)  # one stream per tensor: regenerating one file gives the same values
         scale = 3.0 if name == "router" else 1.0  # routers of trained models spread their logits
-        a = rng.standard_normal(shape, dtype=np.float32)
-        a *= np.float32(scale / np.sqrt(fan_in))
+        a *= np.float32(scale / np.sqrt(shape[-1]))
         _save(f, a)
+    return d
+
+
+def model_path(root: str | os.PathLike, p: Problem, seed: int = 0, copies: int = 1) -> Path:
+    return _dir(Path(root), p, seed) / f"{p.dtype}-x{copies}.colibri"
+
+
+def ensure_model(root: str | os.PathLike, p: Problem, seed: int = 0, copies: int = 1,
+                 progress=None) -> Path:
+    """A model file of `copies` layers of p's shape in p.dtype, each with its own copy of
+    the weights (so that together they stream from memory, as a model's layers do), made
+    from the f32 weights if missing; its path."""
+    from colibri.modelfile import ModelWriter
+
+    path = model_path(root, p, seed, copies)
+    if path.exists():
+        return path
+    ensure_f32(root, p, seed, progress)
+    if progress:
+        progress(f"writing {p.shape} as a {p.dtype} model file"
+                 + (f" ({copies} copies of the layer)" if copies > 1 else ""))
+    w = load(root, p, seed)
+    layer = dict(router=w["router"], gate=w["gate"], up=w["up"], down=w["down"], top_k=p.k,
+                 scoring=p.scoring, norm_topk_prob=p.norm)
+    layer.update({n: w[n] for n in SHARED if n in w})
+    with ModelWriter(path, weight_dtype=p.dtype, share=False, expect=(copies, p.E)) as mw:
+        for _ in range(copies):
+            mw.add_layer(layer)
+    return path
+
+
+def ensure(root: str | os.PathLike, p: Problem, seed: int = 0, progress=None) -> Path:
+    """Create (if missing) the f32 weights of p's shape and their .npy encoding in p.dtype."""
+    d = ensure_f32(root, p, seed, progress)
+    shapes = _shapes(p)
     if p.dtype != "f32":
         for name in shapes:
             if name in ("router", "shared_expert_gate"):

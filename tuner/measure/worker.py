@@ -1,10 +1,17 @@
-"""One variant, measured in a child process: verify against the NumPy reference, then
-time inside C. A variant that crashes, hangs, eats memory or computes wrong costs
-its own result, never the tuner run.
+"""Variants measured in a child process: verify against the NumPy reference, then time
+inside C. A variant that crashes, hangs, eats memory or computes wrong costs its own
+result, never the tuner run.
 
-Parent side: `measure(job, timeout_s)` runs `python -m tuner.measure.worker` with the job as
-JSON on stdin, under a timeout and an address-space cap, and reads one JSON line
-per problem from its stdout (so the problems finished before a crash still count).
+Parent side:
+- `measure(job, timeout_s)`: one library on several problems. It runs
+  `python -m tuner.measure.worker` with the job as JSON on stdin, under a timeout and an
+  address-space cap, and reads one JSON line per problem from its stdout (so the problems
+  finished before a crash still count).
+- `Session`: several libraries timed in interleaved rounds, one round per request, in one
+  child that keeps their layers loaded (tuner/measure/interleave.py drives it).
+
+Every library loads a problem's weights from the same model file (weights.ensure_model),
+mapped in place: all of them read the same memory.
 Child side: `main()`.
 """
 from __future__ import annotations
@@ -52,18 +59,20 @@ def round_order(names: list, r: int) -> list:
     return names[k:] + names[:k]
 
 
-def memory_cap(problems, llc_total: int | None = None) -> int:
-    """Address-space cap of a measuring worker, twice what it needs plus 2 GiB: it holds
-    the f32 weights it verifies against, the encoded weights, and the layer with the
-    copies it cycles through (bandwidth.resident_copies)."""
+def memory_cap(problems, n_libs: int = 1, llc_total: int | None = None) -> int:
+    """Address-space cap of a measuring worker, twice what it maps plus 2 GiB: the f32
+    weights the reference reads, and each library's mapping of the model files (the copies
+    of a layer it cycles through, bandwidth.resident_copies)."""
     from dataclasses import replace
 
     from tuner.host.bandwidth import _llc_total_here, resident_copies
 
     llc = llc_total if llc_total is not None else _llc_total_here()
-    need = max(replace(p, dtype="f32").layer_bytes
-               + (1 + resident_copies(p.layer_bytes, llc)) * p.layer_bytes for p in problems)
-    return max(4 << 30, 2 * need + (2 << 30))
+    groups = {(p.shape, p.dtype): p for p in problems}
+    f32 = max((replace(p, dtype="f32").layer_bytes for p in groups.values()), default=0)
+    mapped = sum(resident_copies(p.layer_bytes, llc) * p.layer_bytes for p in groups.values())
+    return max(4 << 30, 2 * (f32 + n_libs * mapped) + (2 << 30))
+
 
 def _limit(mem_bytes: int | None):
     def apply():
@@ -88,6 +97,21 @@ def _spawn(job: dict, timeout_s: float, mem_bytes: int | None):
         return out, err, proc.returncode, True
 
 
+def _exit_reason(returncode: int, err: str, mem_bytes: int | None) -> tuple[str, str]:
+    """(status, why) of a worker that ended with `returncode` before it finished."""
+    if returncode < 0:
+        sig = -returncode
+        why = f"killed by signal {sig} ({signal.Signals(sig).name})"
+        if sig in (signal.SIGKILL,) and mem_bytes:
+            why += f"; memory cap {mem_bytes >> 20} MiB"
+        return STATUS_CRASH, why
+    if returncode != 0:
+        tail = err.strip().splitlines()[-3:]
+        return (STATUS_CRASH if "MemoryError" not in err else STATUS_ERROR,
+                f"worker exited with {returncode}: " + " | ".join(tail))
+    return STATUS_ERROR, "worker ended without a result"
+
+
 def measure(job: dict, timeout_s: float, mem_bytes: int | None = None) -> list[Outcome]:
     """Run one job (one library, several problems); one Outcome per problem."""
     problems = [p["name"] for p in job["problems"]]
@@ -101,20 +125,9 @@ def measure(job: dict, timeout_s: float, mem_bytes: int | None = None) -> list[O
         done[d["problem"]] = Outcome(d["problem"], d["status"], d.get("reason", ""),
                                      tuple(d.get("samples", ())), d.get("max_rel_err"))
     if timed_out:
-        why = f"timed out after {timeout_s:.0f} s"
-        status = STATUS_TIMEOUT
-    elif returncode < 0:
-        sig = -returncode
-        why = f"killed by signal {sig} ({signal.Signals(sig).name})"
-        if sig in (signal.SIGKILL,) and mem_bytes:
-            why += f"; memory cap {mem_bytes >> 20} MiB"
-        status = STATUS_CRASH
-    elif returncode != 0:
-        tail = err.strip().splitlines()[-3:]
-        why = f"worker exited with {returncode}: " + " | ".join(tail)
-        status = STATUS_CRASH if "MemoryError" not in err else STATUS_ERROR
+        status, why = STATUS_TIMEOUT, f"timed out after {timeout_s:.0f} s"
     else:
-        why, status = "worker ended without a result", STATUS_ERROR
+        status, why = _exit_reason(returncode, err, mem_bytes)
     return [done.get(p) or Outcome(p, status, why) for p in problems]
 
 
@@ -125,40 +138,66 @@ def _emit(**d) -> None:
     sys.stdout.flush()
 
 
+class _ModelLayer:
+    """Layer `index` of a model file loaded by one library, callable like MoELayer."""
+
+    def __init__(self, model, index: int, threads):
+        self.model, self.threads = model, int(threads or 0)
+        self.ptr = model._lib.colibri_model_layer(model._handle, index)
+
+    def __call__(self, x, out=None):
+        import numpy as np
+
+        from colibri._lib import check, ffi
+
+        out = np.empty_like(x) if out is None else out
+        st = self.model._lib.colibri_layer_forward(self.ptr, ffi.from_buffer("float[]", x),
+                                                   ffi.from_buffer("float[]", out), x.shape[0],
+                                                   self.threads)
+        check(self.model._lib, st, "colibri_layer_forward")
+        return out
+
+
+def _load_layers(lib, lib_path: str, p, job: dict):
+    """(the model file of p loaded by `lib`, a pointer array of its layers for
+    colibri_bench_layers, their count)."""
+    from colibri._lib import ffi
+    from colibri.model import Model
+
+    from tuner.host.bandwidth import _llc_total_here, resident_copies
+    from tuner.measure import weights
+
+    copies = resident_copies(p.layer_bytes, _llc_total_here())
+    model = Model.load(weights.model_path(job["weights_dir"], p, job.get("seed", 0), copies), lib=lib)
+    ptrs = ffi.new("colibri_layer *[]", [model._lib.colibri_model_layer(model._handle, i)
+                                         for i in range(model.n_layers)])
+    return model, ptrs, model.n_layers
+
+
 def _run_problem(lib, pd: dict, job: dict) -> None:
     from colibri._lib import ffi
-    from colibri.layer import MoELayer
 
     from tuner.measure.problems import problem
 
     p = problem(pd["name"])
-    enc, sh, router, route = _layer_inputs(p, job)
-    layer = MoELayer.from_encoded(router, enc, weight_dtype=p.dtype, shared_expert_gate=sh,
-                                  threads=job.get("threads"), lib=job["lib"], **route)
+    model, ptrs, nlayers = _load_layers(lib, job["lib"], p, job)
     # 1. verify against the float64 reference
-    bad = _verify(lib, job["lib"], layer, router, p, job)
+    bad = _verify(lib, job["lib"], _ModelLayer(model, 0, job.get("threads")), p, job)
     if isinstance(bad, dict):
         _emit(problem=p.name, **bad)
         return
     worst = bad
-    # 2. time inside C, fresh inputs per call (decode: other experts each call)
+    # 2. time inside C, fresh inputs per call (decode: other experts each call), cycling
+    # through the model's copies of the layer where one layer's weights would sit in the
+    # last-level cache (as in bench: a model's layers follow each other)
     xs, out, samples, n = _timing_buffers(p, job)
     n_inputs, max_samples = len(xs), len(samples)
     warmup = job.get("warmup", 3)
 
-    # copies of the layer, cycled through, where one layer's weights would sit in the
-    # last-level cache (as in bench: a model's layers follow each other)
-    from tuner.host.bandwidth import _llc_total_here, resident_copies
-    copies = [layer] + [MoELayer.from_encoded(router, enc, weight_dtype=p.dtype,
-                                              shared_expert_gate=sh, threads=job.get("threads"),
-                                              lib=job["lib"], **route)
-                        for _ in range(resident_copies(p.layer_bytes, _llc_total_here()) - 1)]
-    ptrs = ffi.new("colibri_layer *[]", [c._ptr for c in copies])
-
     def bench(warm, seconds, most):
-        return lib.colibri_bench_layers(ptrs, len(copies), ffi.from_buffer("float[]", xs), n_inputs,
-                                        p.T, ffi.from_buffer("float[]", out), layer.threads, warm,
-                                        seconds, most, ffi.from_buffer("double[]", samples), n)
+        return lib.colibri_bench_layers(ptrs, nlayers, ffi.from_buffer("float[]", xs), n_inputs,
+                                        p.T, ffi.from_buffer("float[]", out), job.get("threads") or 0,
+                                        warm, seconds, most, ffi.from_buffer("double[]", samples), n)
 
     # a short warm-up first, so that memory sampled around the timing loop only grows
     # if the variant leaks; the loop's own warm-up calls count as calls
@@ -175,7 +214,7 @@ def _run_problem(lib, pd: dict, job: dict) -> None:
           samples=samples[:n[0]].tolist(), max_rel_err=worst)
 
 
-def _verify(lib, lib_path: str, layer, router, p, job: dict):
+def _verify(lib, lib_path: str, layer, p, job: dict):
     """Check a layer of `lib` against the float64 reference: the real shape at T=1 (decode
     kernels), then a small ragged layer whose experts get many tokens (prefill and gemm
     kernels too); the kernels are not specialised by shape, so together they cover the
@@ -188,11 +227,11 @@ def _verify(lib, lib_path: str, layer, router, p, job: dict):
     f32 = weights.load(job["weights_dir"], p, job.get("seed", 0))
     shared = {n: (f32[n] if n == "shared_expert_gate" else quant.roundtrip(f32[n], p.dtype))
               for n in weights.SHARED if n in f32}
-    x = reference.inputs_with_margin(router, 1, seed=1, **route)
+    x = reference.inputs_with_margin(f32["router"], 1, seed=1, **route)
     act = quant.ACTIVATION_ROUNDING.get(p.dtype)
-    ref = reference.moe_layer(x, router, *(quant.PerExpert(f32[n], p.dtype)
-                                           for n in ("gate", "up", "down")), **route, **shared,
-                              act=act)
+    ref = reference.moe_layer(x, f32["router"], *(quant.PerExpert(f32[n], p.dtype)
+                                                  for n in ("gate", "up", "down")),
+                              **route, **shared, act=act)
     guards = _set_guards(lib, True)
     try:
         checks = [(f"{p.shape} T=1", _guarded_call(layer, x, f"{p.shape} T=1"), ref, 1)]
@@ -211,17 +250,6 @@ def _verify(lib, lib_path: str, layer, router, p, job: dict):
     return worst
 
 
-def _layer_inputs(p, job: dict):
-    """The problem's encoded weights from the weights directory: (expert and shared weights,
-    the shared expert's gate or None, the router, the routing arguments of MoELayer)."""
-    from tuner.measure import weights
-
-    enc = weights.load_encoded(job["weights_dir"], p, job.get("seed", 0))
-    sh = enc.pop("shared_expert_gate", (None, None))[0]
-    router = enc.pop("router")[0]
-    return enc, sh, router, dict(top_k=p.k, scoring=p.scoring, norm_topk_prob=p.norm)
-
-
 def _timing_buffers(p, job: dict):
     """Inputs (a fresh one per call: decode routes to other experts each call), the output,
     the samples array and its count for colibri_bench_layers."""
@@ -236,108 +264,206 @@ def _timing_buffers(p, job: dict):
             ffi.new("int *"))
 
 
-def _build_sets(libs: list, order: list[int], p, job: dict, verify: bool):
-    """Each library's copies of the layer, allocated in `order`; (sets by library index, the
-    fields of a failed verification or None)."""
-    from colibri._lib import ffi
-    from colibri.layer import MoELayer
+# ---------------------------------------------------------------- interleaved rounds
 
-    from tuner.host.bandwidth import _llc_total_here, resident_copies
+class Session:
+    """Several libraries timed in interleaved rounds by one child process.
 
-    enc, sh, router, route = _layer_inputs(p, job)
-    ncopies = resident_copies(p.layer_bytes, _llc_total_here())
-    sets = [None] * len(libs)
-    for i in order:
-        lib, path = libs[i]
-        copies = [MoELayer.from_encoded(router, enc, weight_dtype=p.dtype, shared_expert_gate=sh,
-                                        lib=path, **route) for _ in range(ncopies)]
-        if verify and (job.get("verify") or [False] * len(libs))[i]:
-            bad = _verify(lib, path, copies[0], router, p, job)
-            if isinstance(bad, dict):
-                return sets, dict(bad, lib=i)
-        sets[i] = (lib, copies, ffi.new("colibri_layer *[]", [c._ptr for c in copies]))
-    return sets, None
+    The child loads every library's layers of every problem once (the model files of
+    weights.ensure_model, which the caller made), verifies the libraries marked in
+    `verify`, and then times one round per round() call: each live library on each problem
+    and thread count for min_seconds inside C, the libraries in rotating order (round r
+    starts with library r mod n, so none is always first). All of them read the same
+    mapped weights, so memory placement favours none.
+
+        with Session(libs, problems, threads=[2], weights_dir=..., verify=[False, True]) as s:
+            s.verified        # per library: None (not checked) or {"status", "reason", ...}
+            secs = s.round([0, 1])   # {(problem, threads): [seconds per library or None]}
+
+    A child that dies or overruns its time fails the session (SessionError) and costs
+    only this session's measurements.
+    """
+
+    def __init__(self, libs, problems, *, threads, weights_dir, seed: int = 0,
+                 min_seconds: float = 0.2, warmup: int = 1, verify=None,
+                 timeout_s: float = 300.0, say=None):
+        self.libs = [str(x) for x in libs]
+        self.problems = list(problems)
+        self.threads = list(threads)
+        self.timeout_s = timeout_s
+        self.min_seconds = min_seconds
+        self.rounds_done = 0
+        self.verified: list = [None] * len(self.libs)
+        self._job = {"mode": "session", "libs": self.libs,
+                     "problems": [{"name": p.name} for p in self.problems],
+                     "threads": self.threads, "weights_dir": str(weights_dir), "seed": seed,
+                     "min_seconds": min_seconds, "warmup": warmup,
+                     "verify": list(verify or [False] * len(self.libs))}
+        self._mem = memory_cap(self.problems, len(self.libs))
+        self._proc = None
+        self._err = None
+
+    def __enter__(self) -> "Session":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> None:
+        import tempfile
+
+        self._err = tempfile.TemporaryFile(mode="w+")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.measure.worker"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._err, bufsize=0,
+            preexec_fn=_limit(self._mem), env=dict(os.environ, PYTHONHASHSEED="0"))
+        self._pending = b""  # bytes read from the child's stdout past the last whole line
+        self._send(self._job)
+        # loading and verifying: every library's layers and the reference calls
+        while True:
+            d = self._read(self.timeout_s)
+            if d.get("event") == "verified":
+                self.verified[d["lib"]] = {k: v for k, v in d.items() if k not in ("event", "lib")}
+            elif d.get("event") == "ready":
+                return
+
+    def round(self, live) -> dict:
+        """Time one round of the libraries `live` (indices); {(problem name, threads):
+        [median seconds per call for each library, None for those not timed]}."""
+        live = [i for i in live if self.verified[i] is None or self.verified[i]["status"] == STATUS_OK]
+        budget = len(live) * len(self.problems) * len(self.threads) * (self.min_seconds + 2.0)
+        self._send({"round": self.rounds_done, "libs": live})
+        d = self._read(max(60.0, 3 * budget))
+        self.rounds_done += 1
+        out = {}
+        for key, per in d["seconds"].items():
+            name, th = key.rsplit("|", 1)
+            row = [None] * len(self.libs)
+            for i, v in per.items():
+                row[int(i)] = v
+            out[(name, int(th))] = row
+        return out
+
+    def close(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            if self._proc.poll() is None:
+                self._send({"stop": True})
+                self._proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired, SessionError):
+            pass
+        if self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+        self._proc = None
+        self._err.close()
+
+    def _send(self, obj: dict) -> None:
+        try:
+            self._proc.stdin.write((json.dumps(obj) + "\n").encode())
+        except OSError:
+            raise self._failure(False) from None
+
+    def _read(self, timeout_s: float) -> dict:
+        """The child's next line as JSON, waiting at most timeout_s for it (read from the
+        descriptor itself: a buffered reader would hold lines select() cannot see)."""
+        import selectors
+
+        deadline = time.monotonic() + timeout_s
+        fd = self._proc.stdout.fileno()
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                    self._proc.wait()
+                    raise self._failure(True, timeout_s)
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    self._proc.wait()
+                    raise self._failure(False)
+                self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        d = json.loads(line)
+        if d.get("event") == "error":
+            raise SessionError(STATUS_ERROR, d.get("reason", ""))
+        return d
+
+    def _failure(self, timed_out: bool, timeout_s: float = 0.0) -> "SessionError":
+        if timed_out:
+            return SessionError(STATUS_TIMEOUT, f"timed out after {timeout_s:.0f} s")
+        self._err.seek(0)
+        status, why = _exit_reason(self._proc.returncode if self._proc.returncode is not None else 0,
+                                   self._err.read(), self._mem)
+        return SessionError(status, why)
 
 
-def _compare_group(libs: list, pds: list[dict], job: dict) -> None:
-    """Several libraries on the phases of one shape and dtype, interleaved: per problem and
-    thread count, `rounds` rounds, each timing every library for min_seconds inside C (round
-    r starts with library r mod n, so none is always first).
+class SessionError(RuntimeError):
+    """A session's child failed: status (crash, timeout, error) and why."""
 
-    Where a library's layers sit in memory moves its speed by several percent (two sets of
-    the same library's layers, allocated one after the other, timed 1.06-1.09x apart in every
-    round on qwen3 prefill128/f32), so the layers are built twice: in library order for the
-    first half of the rounds, then freed and built in reverse order for the rest. Libraries
-    marked in job["verify"] are checked against the reference on the first build; a failed
-    check fails every phase. Emits one line per problem and thread count:
-    seconds[i][r] = library i's median seconds per call in round r."""
-    import numpy as np
+    def __init__(self, status: str, reason: str):
+        super().__init__(f"{status}: {reason}")
+        self.status, self.reason = status, reason
 
-    from colibri._lib import ffi, last_error
+
+def _session(job: dict) -> None:
+    """Child side of a Session: load, verify, then one round per request line."""
+    from colibri._lib import ffi, last_error, open_library
 
     from tuner.measure.problems import problem
 
-    probs = [problem(pd["name"]) for pd in pds]
-    rounds = job.get("rounds", 3)
-    per = {(p.name, th): [[] for _ in libs] for p in probs for th in job["threads"]}
-    halves = [(list(range(len(libs))), (rounds + 1) // 2),
-              (list(reversed(range(len(libs)))), rounds // 2)]
-    done_rounds = 0
-    for placement, (order, nr) in enumerate(halves):
-        if nr == 0:
-            continue
-        sets, bad = _build_sets(libs, order, probs[0], job, verify=placement == 0)
-        if bad:
-            for p in probs:
-                for th in job["threads"]:
-                    _emit(problem=p.name, threads=th, **bad)
+    libs = [open_library(path) for path in job["libs"]]
+    probs = [problem(pd["name"]) for pd in job["problems"]]
+    verify = job.get("verify") or [False] * len(libs)
+    loaded = {}   # (lib index, problem name) -> (model, pointers, count)
+    failed = set()
+    for p in probs:
+        for i, (lib, path) in enumerate(zip(libs, job["libs"])):
+            key = (p.shape, p.dtype)
+            if i in failed:
+                continue
+            same = next((v for (j, q), v in loaded.items() if j == i and (q.shape, q.dtype) == key), None)
+            loaded[(i, p)] = same or _load_layers(lib, path, p, job)
+            if verify[i] and same is None:
+                bad = _verify(lib, path, _ModelLayer(loaded[(i, p)][0], 0, 0), p, job)
+                if isinstance(bad, dict):
+                    failed.add(i)
+                    _emit(event="verified", lib=i, problem=p.name, **bad)
+    for i in range(len(libs)):
+        if verify[i] and i not in failed:
+            _emit(event="verified", lib=i, status=STATUS_OK)
+    _emit(event="ready")
+    buffers = {p: _timing_buffers(p, job) for p in probs}
+    warmed = set()
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd.get("stop"):
             return
+        r, live = cmd["round"], [i for i in cmd["libs"] if i not in failed]
+        seconds = {}
         for p in probs:
-            xs, out, samples, n = _timing_buffers(p, job)
+            xs, out, samples, n = buffers[p]
             for th in job["threads"]:
-                for r in range(done_rounds, done_rounds + nr):
-                    for i in round_order(list(range(len(libs))), r):
-                        lib, copies, ptrs = sets[i]
-                        st = lib.colibri_bench_layers(
-                            ptrs, len(copies), ffi.from_buffer("float[]", xs), len(xs), p.T,
-                            ffi.from_buffer("float[]", out), th,
-                            # warm once per library, placement and problem
-                            job.get("warmup", 1) if r == done_rounds and th == job["threads"][0] else 0,
-                            job.get("min_seconds", 0.2), len(samples),
-                            ffi.from_buffer("double[]", samples), n)
-                        if st:
-                            _emit(problem=p.name, threads=th, lib=i, status=STATUS_ERROR,
-                                  reason=f"bench failed: {last_error(lib)}")
-                            per.pop((p.name, th), None)
-                            break
-                        if (p.name, th) in per:
-                            per[(p.name, th)][i].append(float(np.median(samples[:n[0]])))
-        done_rounds += nr
-        del sets  # free this placement's layers before the next is built
-    for (name, th), secs in per.items():
-        _emit(problem=name, threads=th, status=STATUS_OK, seconds=secs)
-
-
-def compare(job: dict, timeout_s: float, mem_bytes: int | None = None) -> list[dict]:
-    """Parent side of a compare job (libs, problems, threads, rounds, min_seconds, verify):
-    one dict per (problem, threads): status, reason, seconds (see _compare_problem). A
-    problem the worker never reported (crash, timeout) gets that status."""
-    out, err, returncode, timed_out = _spawn(dict(job, mode="compare"), timeout_s, mem_bytes)
-    why = (STATUS_TIMEOUT, f"timed out after {timeout_s:.0f} s") if timed_out else None
-    done = {}
-    for line in out.splitlines():
-        try:
-            d = json.loads(line)
-            done[(d["problem"], d["threads"])] = d
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue
-    if why is None and returncode != 0:
-        tail = " | ".join(err.strip().splitlines()[-3:])
-        why = (STATUS_CRASH, f"worker exited with {returncode}: {tail}")
-    why = why or (STATUS_ERROR, "worker ended without a result")
-    return [done.get((p["name"], th)) or {"problem": p["name"], "threads": th, "status": why[0],
-                                          "reason": why[1]}
-            for p in job["problems"] for th in job["threads"]]
+                row = seconds.setdefault(f"{p.name}|{th}", {})
+                for i in round_order(live, r):
+                    model, ptrs, count = loaded[(i, p)]
+                    warm = 0 if (i, p, th) in warmed else job.get("warmup", 1)
+                    warmed.add((i, p, th))
+                    st = libs[i].colibri_bench_layers(
+                        ptrs, count, ffi.from_buffer("float[]", xs), len(xs), p.T,
+                        ffi.from_buffer("float[]", out), th, warm, job.get("min_seconds", 0.2),
+                        len(samples), ffi.from_buffer("double[]", samples), n)
+                    if st:
+                        _emit(event="error", reason=f"library {i} ({job['libs'][i]}) on {p.name} "
+                                                    f"at {th} thread(s): {last_error(libs[i])}")
+                        return
+                    s = sorted(samples[:n[0]])
+                    k = len(s)
+                    row[str(i)] = float(s[k // 2] if k % 2 else 0.5 * (s[k // 2 - 1] + s[k // 2]))
+        _emit(event="round", round=r, seconds=seconds)
 
 
 def _small_checks(lib_path: str, p) -> list[tuple[str, object, object]]:
@@ -444,20 +570,11 @@ def leak_reason(before: tuple, after: tuple, calls: int) -> str | None:
 
 
 def main() -> int:
-    job = json.loads(sys.stdin.read())
+    job = json.loads(sys.stdin.readline())
     from colibri._lib import open_library
 
-    if job.get("mode") == "compare":
-        libs = [(open_library(path), path) for path in job["libs"]]
-        # the phases of one shape and dtype share their layers
-        groups: dict = {}
-        for pd in job["problems"]:
-            shape, _, dtype = pd["name"].split("/")
-            groups.setdefault((shape, dtype), []).append(pd)
-        for key, pds in groups.items():
-            t0 = time.perf_counter()
-            _compare_group(libs, pds, job)
-            print(f"{'/'.join(key)}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    if job.get("mode") == "session":
+        _session(job)
         return 0
     lib = open_library(job["lib"])
     if job.get("inject"):  # fault injection for the tuner's own tests

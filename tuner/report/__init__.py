@@ -632,7 +632,9 @@ def winners(inp: Inputs) -> dict:
         # the class's own knobs (older manifests: the whole variant id)
         mine = ",".join(f"{k}={(w.get('knobs') or {}).get(k)}" for k in c.get("knobs") or [])
         overall = (w.get("verdict") or {}).get("overall") or {}
-        classes.append({"class": c.get("class"), "strategy": c.get("strategy"),
+        sc = c.get("shape_class")
+        classes.append({"class": f"{sc}/{c.get('class')}" if sc else c.get("class"),
+                        "strategy": c.get("strategy"),
                         "evaluations": c.get("evaluations"), "space_size": c.get("space_size"),
                         "problems": c.get("problems") or [], "winner": mine or w.get("vid"),
                         "is_default": w.get("is_default"),
@@ -767,12 +769,14 @@ def context(inp: Inputs, plots: list[Plot], out_dir: Path) -> dict:
         "bench": _records((inp.bench or {}).get("rows"), BENCH_ROW_KEYS),
         "read_bw": read_bandwidth(inp),
         "profile": (inp.manifest or {}).get("profile") or (inp.build_info or {}).get("profile"),
+        # the run's one sentence: what tuning bought here, per shape class (tuner/summary.py)
+        "headline": str((inp.manifest or {}).get("headline") or ""),
     }
 
 
 # the keys the page shows of a run summary row (tuner/run.py) and of a bench.json row
 RUN_ROW_KEYS = ("problem", "class", "default_s", "tuned_s", "speedup", "gbps", "bw_fraction",
-                "gflops")
+                "gflops", "shape_class")
 BENCH_ROW_KEYS = ("case", "threads", "impl", "ms_per_token", "gbps", "pct_of_roof", "gflops",
                   "vs_numpy", "vs_torch")
 

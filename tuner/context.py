@@ -1,0 +1,345 @@
+"""What the stages of one tuning run share (tuner/run.py drives them): the host, the
+profile and its defaults, the knob classes and their spaces, the results store and the
+measurement of one variant (build, compare its machine code with its class's default,
+verify and time it in a worker).
+
+One knob assignment of the expert kernels is one variant. A variant is measured on
+every problem of its class in one worker process; its cost is the geometric mean of its
+median times over the problems, which ranks variants exactly as the geometric mean of
+their speed-ups over any baseline would. Every (variant, problem) measurement is written
+to the store as soon as it exists, keyed by its signature, so a re-run measures nothing
+already measured and a killed run loses nothing it finished.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from colibri_build import hostid, profiles, render, shapes
+from tuner.build import codehash, variants
+from tuner.build.signature import BuildIdentity, variant_id
+from tuner.measure import interleave, problems as problems_mod, worker
+from tuner.search.space import Space
+from tuner.store import Measurement, Store, StoreLocked
+
+KERNEL = "expert_ffn"
+
+# The problem classes, their knobs, their domains and the values --quick tries are data:
+# templates/expert_ffn.knobs.yaml (`class`, `domain`, `quick` of each knob). Classes are
+# tuned in the order they first appear there; every other knob is held at the values
+# already chosen. A class is measured on the run's problems inside its domain and must
+# not make any of them slower (tuner/decide.py).
+
+
+def in_class(spec, p, cls: str) -> bool:
+    """Problem p lies in the domain of class cls: its kernel path (decode, prefill, gemm by
+    tokens per expert, problems.path_of) and its dtype are among the class's knobs'."""
+    return spec.class_domain(cls).covers(problems_mod.path_of(p), p.dtype)
+
+
+def default_problems(spec, shape: str = problems_mod.DEFAULT_SHAPE) -> tuple[str, ...]:
+    """The problems of `shape` that cover every class's domain: each (path, dtype) cell any
+    knob changes, once."""
+    cells = {cell for cls in spec.classes() for cell in spec.class_domain(cls).cells()}
+    ordered = [(p, d) for p in render.PATHS for d in render.DOMAIN_DTYPES if (p, d) in cells]
+    return problems_mod.covering(shape, ordered)
+
+
+def predefined_macros(compiler: str, cflags) -> frozenset[str] | None:
+    """The macros the compiler predefines under these flags (None if it cannot say)."""
+    import subprocess
+
+    try:
+        res = subprocess.run([compiler, *cflags, "-dM", "-E", "-x", "c", os.devnull],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if res.returncode != 0:
+        return None
+    return frozenset(line.split()[1] for line in res.stdout.splitlines()
+                     if line.startswith("#define ") and len(line.split()) > 1)
+
+
+def _current(t, m: Measurement) -> bool:
+    """m was measured with this run's compiler, flags, template and engine sources (a store
+    keeps the failures of older code too; they say nothing about this run's variants)."""
+    try:
+        return t.key(m.knobs, problems_mod.problem(m.problem)) == m.key
+    except (ValueError, KeyError):
+        return False
+
+
+class Tuner:
+    """Holds what the pipeline's stages share for one run."""
+
+    def __init__(self, cfg, host=None):
+        self.cfg = cfg
+        t_start = time.monotonic()
+        self.say = cfg.log or (lambda m: print(f"[{time.monotonic() - t_start:5.0f} s] {m}",
+                                               file=sys.stderr, flush=True))
+
+        self.host = host if host is not None else _probe_host(cfg, self.say)
+        self.profile_name = cfg.profile or hostid.host_profile_name()
+        self.profile = profiles.get_profile(self.profile_name)
+        self.resolved = profiles.resolve(self.profile)
+        if not self.resolved.runnable_here:
+            raise SystemExit(f"profile {self.profile_name} cannot run on this host "
+                             f"({self.resolved.reason}); pick another with --profile")
+        self.spec = render.load_knob_spec(KERNEL)
+        self.template_text = render.source_text(KERNEL)
+        self.default = render.resolve_knobs(self.spec, self.profile.knobs, None,
+                                            self.profile.kernel_isas)
+        # the default build: the base knobs, and the profile's own shape classes (promoted
+        # from the fleet) -- what `scons profile=<p>` builds
+        self.default_assignment = shapes.join(self.default, {
+            sc: {k: v for k, v in over.items() if k in self.spec.knobs}
+            for sc, over in self.profile.shapes.items()})
+        self.current_shape = None  # the shape class being tuned
+        names = cfg.problems or [n for shape in (cfg.shapes or (problems_mod.DEFAULT_SHAPE,))
+                                 for n in default_problems(self.spec, shape)]
+        self.all_problems = [problems_mod.problem(n) for n in dict.fromkeys(names)]
+        self.problems = self.all_problems  # the class being tuned (set by run())
+        self.baseline = None   # the class's default while a class is tuned: (knobs, code hashes)
+        self.identical: dict[str, str] = {}  # vid -> the default's vid it has the machine code of
+        self.work = Path(cfg.build_dir) / "tuner"
+        self.store_path = Path(cfg.store_path or self.work / f"results-{self.host_id}.sqlite")
+        self.store = _open_store(self.store_path, cfg.wait, self.say)
+        self.strategy = None   # the search strategy of the class being tuned (recorded per row)
+        self.current_class = None  # the knob class being tuned
+        self.measured = 0      # variants measured in this run (not from the store)
+        self.load_checked = False
+        self.from_store = 0
+        self.macros = None     # the compiler's predefined macros under the profile (lazily)
+
+    # ------------------------------------------------------------- identity
+    @property
+    def host_id(self) -> str:
+        return self.host["host_id"]
+
+    def key(self, knobs: dict, prob) -> str:
+        return self.identity.measurement(
+            knobs, dict(prob.to_dict(), threads=self.cfg.threads or os.cpu_count()))
+
+    @property
+    def identity(self) -> BuildIdentity:
+        return BuildIdentity.of(self.host["fingerprint"], self.resolved, self.template_text)
+
+    @property
+    def classes(self) -> dict[str, tuple[str, ...]]:
+        """Tuning class -> its knobs, in tuning order (from the knobs file)."""
+        return self.spec.classes()
+
+    def default_for(self, sc: str | None = None) -> dict:
+        """The knobs the default build runs for layers of shape class `sc` (the base knobs
+        with the profile's values for that class)."""
+        return shapes.for_class(self.default_assignment, sc) if sc else dict(self.default)
+
+    def shape_groups(self) -> dict[str, list]:
+        """Shape class (colibri_build/shapes.py) -> the run's problems of shapes in it."""
+        out: dict[str, list] = {}
+        for p in self.all_problems:
+            out.setdefault(shapes.class_of(p.H, p.I), []).append(p)
+        return out
+
+    def class_space(self, cls: str, base: dict) -> Space:
+        """The class's knobs over their values; every other knob fixed at `base`. --quick:
+        each knob's `quick` values and its default."""
+        space = Space.from_spec(self.spec, self.profile.kernel_isas)
+        mine = self.classes[cls]
+        restrict = {k: [v] for k, v in base.items() if k not in mine}
+        overrides = {k: v for k, v in (self.cfg.space_overrides or {}).items() if k in mine}
+        if self.cfg.quick:
+            for k in mine:
+                if k not in overrides:
+                    dflt = self.default_for(self.current_shape)[k]
+                    quick = {*self.spec.knobs[k].quick, dflt}
+                    overrides[k] = [v for v in space.knobs[k] if v in quick] or [dflt]
+        # knobs no template of this run declares (e.g. a test knob) stay as given
+        restrict.update({k: v for k, v in (self.cfg.space_overrides or {}).items()
+                         if k not in self.spec.knobs})
+        restrict.update(overrides)
+        # a knob whose own code is for another isa or needs what the flags lack cannot
+        # change this build: it stays at its default (gemm_mmla_int8 on x86)
+        restrict.update({k: [self.default_for(self.current_shape)[k]] for k in mine
+                         if self._domain_excludes(self.spec.knobs[k].domain, base)})
+        return space.subspace(**restrict)
+
+    def class_applies(self, cls: str, base: dict) -> str | None:
+        """None when the class's knobs change this build's code, else why not: its knobs
+        serve other isa values, or need a capability the profile's flags lack."""
+        return self._domain_excludes(self.spec.class_domain(cls), base)
+
+    def _domain_excludes(self, dom, base: dict) -> str | None:
+        if dom.isas and base.get("isa") not in dom.isas:
+            return f"its knobs change only isa {', '.join(dom.isas)} code (this run: isa {base.get('isa')})"
+        if dom.needs:
+            if self.macros is None:
+                self.macros = predefined_macros(self.resolved.compiler.path,
+                                                list(self.resolved.cflags)) or frozenset()
+            for need in dom.needs:
+                alts = self.spec.capabilities[need]
+                if not any(all(m in self.macros for m in alt) for alt in alts):
+                    return (f"needs {need} ({' or '.join('+'.join(a) for a in alts)}), which the "
+                            f"{self.profile_name} profile's flags do not give")
+        return None
+
+    # ----------------------------------------------------------- measuring
+    def cached(self, knobs: dict):
+        rows = [self.store.get(self.key(knobs, p)) for p in self.problems]
+        return rows if all(r is not None for r in rows) else None
+
+    def cost(self, rows) -> float | None:
+        if not rows or any(r.status != "ok" for r in rows):
+            return None
+        return math.exp(sum(math.log(r.median_s) for r in rows) / len(rows))
+
+    def build(self, points: list[dict], force: str | None = None) -> dict[str, variants.Built]:
+        """Build the points the store has no measurements of (and `force`, a variant id,
+        in any case); {variant id: Built}."""
+        todo = [p for p in points if variant_id(p) == force or self.cached(p) is None]
+        if not todo:
+            return {}
+        self.say(f"building {len(todo)} variant(s) with scons -j{os.cpu_count()} "
+                 f"(profile {self.profile_name})")
+        t0 = time.perf_counter()
+        built = variants.build_batch(self.profile_name, todo, self.work / "variants")
+        bad = sum(b.lib is None for b in built)
+        self.say(f"built {len(built) - bad}, failed {bad} in {time.perf_counter() - t0:.1f} s")
+        return {b.vid: b for b in built}
+
+    def label(self, knobs: dict) -> str:
+        """The knobs of the class being tuned (all of them outside a class), for progress lines."""
+        mine = self.classes.get(self.current_class or "", ()) or tuple(knobs)
+        return ",".join(f"{k}={knobs[k]}" for k in sorted(mine) if k in knobs)
+
+    def code(self, knobs: dict) -> dict | None:
+        """The machine code of a built variant's kernels, function by function (None if it
+        cannot be read)."""
+        return codehash.function_hashes(variants.kernel_object(
+            self.work / "variants", self.profile_name, variant_id(knobs)))
+
+    def same_code_as_baseline(self, knobs: dict) -> bool:
+        """Whether a built variant has its class default's machine code in every function:
+        then it cannot be faster or slower, and is not timed."""
+        if self.baseline is None or variant_id(knobs) == variant_id(self.baseline[0]):
+            return False
+        return codehash.differing(self.baseline[1], self.code(knobs)) == []
+
+    def evaluate(self, knobs: dict, built=None) -> float | None:
+        rows = self.cached(knobs)
+        if rows is not None:
+            self.from_store += 1
+            return self.cost(rows)
+        vid = variant_id(knobs)
+        b = (built.get(vid) if built is not None else None) or self.build([knobs]).get(vid)
+        if b is None:  # raced into the store meanwhile
+            return self.cost(self.cached(knobs))
+        if b.lib is None:
+            rows = [self._put(knobs, p, "compile_error", b.error) for p in self.problems]
+            self.say(f"  {self.label(knobs)}: compile error: {b.error.splitlines()[0] if b.error else ''}")
+            return None
+        if self.same_code_as_baseline(knobs):
+            self.identical[vid] = variant_id(self.baseline[0])
+            self.say(f"  {self.label(knobs)}: the default's machine code: a tie, not timed")
+            return self.cost(self.cached(self.baseline[0]) or [])
+        outcomes = self.run_worker(b.lib, vid, self.cfg.min_seconds)
+        rows = []
+        for p, o in zip(self.problems, outcomes):
+            rows.append(self._put(knobs, p, o.status, o.reason, o.samples, o.max_rel_err))
+        self.measured += 1
+        self.say(f"  {self.label(knobs)}: " + "; ".join(_fmt_row(r, p) for r, p in zip(rows, self.problems)))
+        return self.cost(rows)
+
+    def run_worker(self, lib: Path, vid: str, min_seconds: float):
+        if not self.load_checked:  # once, when timing starts
+            self.load_checked = True
+            warning = load_warning(os.getloadavg()[0], os.cpu_count() or 1,
+                                   self.cfg.threads or os.cpu_count() or 1)
+            if warning:
+                self.say(warning)
+        interleave.prepare(self.problems, self.work / "weights", self.cfg.seed, self.say)
+        job = {"lib": str(lib), "problems": [{"name": p.name} for p in self.problems],
+               "weights_dir": str(self.work / "weights"), "seed": self.cfg.seed,
+               "threads": self.cfg.threads, "min_seconds": min_seconds, "warmup": self.cfg.warmup}
+        inject = self.cfg.inject or {}
+        if vid in inject or "*" in inject:
+            job["inject"] = inject.get(vid, inject.get("*"))
+        return worker.measure(job, self.cfg.worker_timeout_s, worker.memory_cap(self.problems))
+
+    def _put(self, knobs, prob, status, reason, samples=(), err=None) -> Measurement:
+        med = spread = gbps = frac = None
+        if samples:
+            s = sorted(samples)
+            med = s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+            q1, q3 = s[len(s) // 4], s[(3 * len(s)) // 4]
+            spread = (q3 - q1) / med if med else None
+            if prob.T == 1:
+                gbps = prob.decode_bytes / med / 1e9
+                bw = self.read_bandwidth()
+                frac = gbps / bw if bw else None
+        m = Measurement(key=self.key(knobs, prob), kernel=KERNEL, problem=prob.name,
+                        knobs=dict(knobs), status=status, reason=reason, median_s=med,
+                        spread=spread, samples=len(samples), gbps=gbps, bw_fraction=frac,
+                        extra={"max_rel_err": err, "gflops": (prob.flops / med / 1e9) if med else None,
+                               # what a registry matches rows of other machines on
+                               "compiler": self.resolved.compiler.family,
+                               "compiler_version": self.resolved.version,
+                               "microarchitecture": self.host.get("microarchitecture"),
+                               "threads": self.cfg.threads or os.cpu_count(),
+                               "strategy": self.strategy},
+                        host_id=self.host_id, profile=self.profile_name, created=time.time())
+        self.store.put(m)
+        return m
+
+    def read_bandwidth(self) -> float | None:
+        bw = self.host.get("bandwidth") or {}
+        read = bw.get("read") or {}
+        n = str(self.cfg.threads or os.cpu_count())
+        v = read.get(n) or read.get(int(n)) if read else None
+        return float(v) if v else None
+
+
+def _open_store(path: Path, wait: bool | float, say) -> Store:
+    """The store with its writer lock: refuse at once (StoreLocked), or say who holds it
+    and wait for it (at most `wait` seconds when a number)."""
+    try:
+        return Store(path, exclusive=True)
+    except StoreLocked as exc:
+        if wait is False or wait is None:
+            raise
+        say(f"{exc.holder_text()}; waiting for it"
+            + (f" (at most {float(wait):g} s)" if wait is not True else "") + " ...")
+        t0 = time.monotonic()
+        st = Store(path, exclusive=True, wait=wait)
+        say(f"results store lock acquired after {time.monotonic() - t0:.1f} s")
+        return st
+
+
+def load_warning(load: float, cpus: int, threads: int) -> str | None:
+    """A warning when other work (the 1-minute load average) exceeds the cores the timing
+    leaves free: the timed threads then share cores and the timings are noisy."""
+    free = max(0, cpus - threads)
+    if load <= free + 0.5:  # half a busy core: background noise of any machine
+        return None
+    return (f"warning: load average {load:.2f} exceeds the {free} core(s) left free by timing "
+            f"at {threads} thread(s) on {cpus} CPU(s): timings at {threads} threads will be "
+            f"noisy (stop other work, or pass --threads to leave cores free)")
+
+
+def _fmt_row(r: Measurement, p) -> str:
+    if r.status != "ok":
+        return f"{p.phase}/{p.dtype} {r.status} ({r.reason.splitlines()[0] if r.reason else ''})"
+    extra = f" {r.gbps:.1f} GB/s" if r.gbps else ""
+    return f"{p.phase}/{p.dtype} {r.median_s * 1e3:.3f} ms{extra}"
+
+
+def _probe_host(cfg, say) -> dict:
+    from tuner.host import probe
+
+    say("probing the host (caches, NUMA, huge pages, compilers"
+        + (", memory bandwidth)" if cfg.measure_bandwidth else ")"))
+    info = probe.probe(measure_bandwidth=cfg.measure_bandwidth)
+    return info.to_dict()
