@@ -19,6 +19,9 @@ CASES = [
     ("tuner", ["run", "--problem", "nope/decode/f32"], "known: "),
     ("tuner", ["run", "--problem", "tiny/sideways/f32"], "known: "),
     ("tuner", ["run", "--gate-shape", "nope"], "known: "),
+    ("tuner", ["run", "--shape", "nope"], "known: "),
+    ("tuner", ["run", "--shape-of", "no/such/checkpoint"], "no such file or folder"),
+    ("tuner", ["promote", "unused.json", "--min-artifacts", "0"], ">= 1"),
     ("tuner", ["run", "--space", "rows"], "KNOB=V1,V2"),
     ("tuner", ["run", "--min-seconds", "0"], "> 0"),
     ("tuner", ["run", "--strategy", "greedy"], "choose from"),
@@ -37,6 +40,7 @@ CASES = [
     ("colibri_bench", ["bench", "--threads", "0"], ">= 1"),
     ("colibri_bench", ["bench", "--phase", "sideways"], "known: "),
     ("colibri_bench", ["soak", "--tokens", "0"], ">= 1"),
+    ("colibri_bench", ["ab", "a.so", "b.so", "--rounds", "0"], ">= 1"),
     ("colibri_bench", ["e2e", "--layers", "0"], ">= 1"),
 ]
 

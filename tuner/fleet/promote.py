@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from colibri import _cli
 from colibri_build import shapes
 from colibri_build.paths import PROFILES_DIR
 
@@ -45,7 +46,7 @@ def add_command(sub) -> None:
                    help="colibri-*.tar.gz from tuner ci, a tuned directory with its "
                    "manifest.json, or an evidence .json kept by an earlier promote")
     p.add_argument("--profile", help="promote for this profile (default: the artifacts' one)")
-    p.add_argument("--min-artifacts", type=int, default=MIN_ARTIFACTS, metavar="N",
+    p.add_argument("--min-artifacts", type=_cli.positive_int, default=MIN_ARTIFACTS, metavar="N",
                    help=f"artifacts a shape class needs before its values are promoted "
                    f"(default {MIN_ARTIFACTS})")
     p.add_argument("--profiles-dir", default=str(PROFILES_DIR), help="where the profiles are "
