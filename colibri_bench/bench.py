@@ -4,9 +4,11 @@ PyTorch eager when installed — with the host's read bandwidth measured in the 
 rounds, so every figure is a ratio within one run.
 
 Interleaving: each group (shape, phase, dtype, threads) is timed in `rounds` rounds;
-a round measures the read bandwidth, then every implementation for `min_seconds`. The
-layers are built twice, in opposite orders, each serving half of the rounds: where a
-layer sits in memory moves its speed by several percent.
+a round measures the read bandwidth, then every implementation for `min_seconds`. Every
+Colibri library runs the layer from the same model file (tuner/measure/weights.py's
+ensure_model), mapped in place: they read the same memory, so where the weights sit
+cannot favour one (two copies of one library's layers in separate arenas timed up to
+1.09x apart on identical code).
 A figure is the median over rounds of each round's median, and a ratio the median
 over rounds of the per-round ratios, so a minute-to-minute swing of this machine's
 bandwidth moves both sides of a ratio together.
@@ -14,8 +16,9 @@ bandwidth moves both sides of a ratio together.
 Decode (T=1) takes a fresh token per call (the router picks other experts; all
 experts' weights are resident). Where one layer's weights are less than 4x the
 last-level cache (int4, int8, bf16 on the smaller shapes), Colibri cycles through
-that many copies of the layer, as a model's layers follow each other, so its weights
-come from memory as they would in a model (`layer_copies` in the JSON). Colibri is timed
+that many copies of the layer (layers of the model file), as a model's layers follow
+each other, so its weights come from memory as they would in a model (`layer_copies`
+in the JSON). Colibri is timed
 inside C; NumPy and PyTorch by wall clock around each call, with their thread pools
 pinned to the same thread count. GB/s counts the weight bytes a decode token streams
 (k experts with their scales, the shared expert, the router).
@@ -50,7 +53,7 @@ import numpy as np
 
 from colibri import _cli, quant
 from colibri._lib import ffi, open_library
-from colibri.layer import MoELayer, _route_config
+from colibri.layer import _route_config
 from colibri_build import hostid
 from colibri_build.paths import build_dir_default, reports_dir_default
 from tuner.host.peak import KINDS
@@ -78,17 +81,30 @@ def _inputs(p, n, seed):
     return rng.standard_normal((n, p.T, p.H), dtype=np.float32)
 
 
-def time_colibri(layers, xs, threads, min_seconds) -> float:
+class Mapped:
+    """One library's layers of a model file: the copies of one layer that stand for a
+    model's consecutive layers."""
+
+    def __init__(self, path, lib_path):
+        from colibri.model import Model
+
+        self.model = Model.load(path, lib=str(lib_path))
+        self.lib, self.hidden, self.count = self.model._lib, self.model.hidden, self.model.n_layers
+        self.ptrs = ffi.new("colibri_layer *[]", [self.lib.colibri_model_layer(self.model._handle, i)
+                                                  for i in range(self.count)])
+
+
+def time_colibri(layers: Mapped, xs, threads, min_seconds) -> float:
     """Median seconds per call, timed inside C (colibri_bench_layers), call i on layer
-    i mod len(layers): copies of one layer standing for a model's consecutive layers."""
-    lib = layers[0]._lib
+    i mod layers.count."""
+    lib = layers.lib
     T = xs.shape[1]
-    out = np.empty((T, layers[0].hidden), np.float32)
+    out = np.empty((T, layers.hidden), np.float32)
     samples = np.empty(100_000)
     n = ffi.new("int *")
-    ptrs = ffi.new("colibri_layer *[]", [layer._ptr for layer in layers])
-    st = lib.colibri_bench_layers(ptrs, len(layers), ffi.from_buffer("float[]", xs), len(xs), T,
-                                  ffi.from_buffer("float[]", out), threads, len(layers),
+    ptrs = layers.ptrs
+    st = lib.colibri_bench_layers(ptrs, layers.count, ffi.from_buffer("float[]", xs), len(xs), T,
+                                  ffi.from_buffer("float[]", out), threads, layers.count,
                                   min_seconds, len(samples), ffi.from_buffer("double[]", samples), n)
     if st:
         raise RuntimeError("colibri_bench_layers: " + ffi.string(lib.colibri_last_error()).decode())
@@ -348,22 +364,13 @@ def _tuned_ratio(per: dict) -> float:
 
 def timed_rounds(libs, build, peers, xs, threads_list, rounds, min_seconds, bw_fn, per, bws,
                  peak_fn=None, pks=None) -> None:
-    """`rounds` more interleaved rounds at each thread count, appended to per[threads].
-    Where a library's layers sit in memory moves its speed by several percent (the set
-    allocated second ran 1.06-1.09x faster on identical code), so the layers are built in
-    library order for the first half of the rounds, then freed and built in reverse order
-    for the rest."""
-    halves = [(list(libs), (rounds + 1) // 2), (list(reversed(libs)), rounds // 2)]
-    for order, nr in halves:
-        if nr == 0:
-            continue
-        built = {name: build(name) for name in order}
-        layers = {name: built[name] for name in libs}
-        for threads in threads_list:
-            time_rounds(layers, peers, xs, threads, nr, min_seconds, bw_fn, per[threads],
-                        bws[threads], first=len(per[threads].get("colibri-default", [])),
-                        peak_fn=peak_fn, pks=None if pks is None else pks[threads])
-        del built, layers  # free these arenas before the next are built
+    """`rounds` more interleaved rounds at each thread count, appended to per[threads]; the
+    libraries' layers mapped from the same file (module docstring)."""
+    layers = {name: build(name) for name in libs}
+    for threads in threads_list:
+        time_rounds(layers, peers, xs, threads, rounds, min_seconds, bw_fn, per[threads],
+                    bws[threads], first=len(per[threads].get("colibri-default", [])),
+                    peak_fn=peak_fn, pks=None if pks is None else pks[threads])
 
 
 def measure_group(name, libs, build, peers, xs, threads_list, rounds, min_seconds, bw_fn, say,
@@ -410,7 +417,7 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
     for shape in shapes:
         for phase in phases:
             p32 = problems_mod.problem(f"{shape}/{phase}/f32")
-            weights.ensure(wdir, p32, seed, progress=say)
+            weights.ensure_f32(wdir, p32, seed, progress=say)
             w32 = weights.load(wdir, p32, seed)
             xs = _inputs(p32, max(2, min(64, 2048 // p32.T)), seed + 1)
             reached = experts_reached(p32, w32["router"], xs)
@@ -421,16 +428,10 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                 peer_fns["torch"] = torch_layer_fn(w32, p32)
             for dtype in dtypes:
                 p = problems_mod.problem(f"{shape}/{phase}/{dtype}")
-                weights.ensure(wdir, p, seed, progress=say)
-                enc = weights.load_encoded(wdir, p, seed)
-                sh = enc.pop("shared_expert_gate", (None, None))[0]
-                router = enc.pop("router")[0]
                 # the f32 weights the peers run are >= 4x the LLC for every reference shape
                 copies = resident_copies(p.layer_bytes, llc)
-                build = lambda name: [MoELayer.from_encoded(  # noqa: E731
-                    router, dict(enc), weight_dtype=dtype, shared_expert_gate=sh,
-                    lib=str(libs[name]), top_k=p.k, scoring=p.scoring, norm_topk_prob=p.norm)
-                    for _ in range(copies)]
+                path = weights.ensure_model(wdir, p, seed, copies, progress=say)
+                build = lambda name, path=path: Mapped(path, libs[name])  # noqa: E731
                 pks = {th: [] for th in threads_list}
                 per, bws = measure_group(p.name, libs, build, peer_fns, xs, threads_list, rounds,
                                          min_seconds, bw_fn, say,
@@ -532,7 +533,7 @@ def main(argv=None) -> int:
                     help=f"decode, prefillN (repeatable; default {', '.join(PHASES)})")
     ap.add_argument("--threads", action="append", type=_cli.positive_int,
                     help="threads (repeatable; default 1 and all CPUs)")
-    ap.add_argument("--rounds", type=_cli.positive_int, default=4, help="interleaved rounds per group (default 4: two per placement of the layers)")
+    ap.add_argument("--rounds", type=_cli.positive_int, default=4, help="interleaved rounds per group (default 4)")
     ap.add_argument("--min-seconds", type=_cli.positive_float, default=0.3,
                     help="timing per implementation per round (default 0.3)")
     ap.add_argument("--no-numpy", action="store_true", help="skip the NumPy peer")
