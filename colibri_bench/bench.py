@@ -35,7 +35,9 @@ rounds' bursts, the machine's capability while that group ran (a neighbour arriv
 mid-run slowed a whole group by 1.2-2x here, and a roof from the start would have
 counted that against the kernels). "% roof" is
 roof time over measured time: for decode that is the share of the read bandwidth, for
-prefill of whichever bound is higher ("roof by" names it). Prefill's figure is GFLOP/s. NumPy and PyTorch always run on the f32 weights
+prefill of whichever bound is higher ("roof by" names it). A tuned row marked "(same
+code)" runs, on that shape, the kernel table the default build runs, built from the
+same compiler, flags and knobs: its tuned/default ratio is this machine's noise. Prefill's figure is GFLOP/s. NumPy and PyTorch always run on the f32 weights
 (neither has a bf16/int8/int4 matmul a user would reach for), so "vs numpy" on a
 bf16 row is what switching from NumPy f32 to Colibri bf16 buys.
 """
@@ -92,6 +94,20 @@ class Mapped:
         self.lib, self.hidden, self.count = self.model._lib, self.model.hidden, self.model.n_layers
         self.ptrs = ffi.new("colibri_layer *[]", [self.lib.colibri_model_layer(self.model._handle, i)
                                                   for i in range(self.count)])
+
+
+def kernel_code(libs: dict, path) -> dict:
+    """Per library, the kernel table its layer of the model file at `path` runs and what
+    that table is built from (compiler, flags, knobs: build_info.json): two libraries whose
+    entries are equal run the same machine code on this shape, so their ratio can only be
+    the machine's noise."""
+    out = {}
+    for name, lib in libs.items():
+        table = Mapped(path, lib).model.layer_kernels(0)
+        info = json.loads(ffi.string(open_library(lib).colibri_build_info()).decode())
+        knobs = dict(info.get("knobs") or {}, **(info.get("shape_classes") or {}).get(table, {}))
+        out[name] = {"kernels": table, "built_from": [info.get("compiler"), info.get("cflags"), knobs]}
+    return out
 
 
 def time_colibri(layers: Mapped, xs, threads, min_seconds) -> float:
@@ -432,14 +448,19 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                 copies = resident_copies(p.layer_bytes, llc)
                 path = weights.ensure_model(wdir, p, seed, copies, progress=say)
                 build = lambda name, path=path: Mapped(path, libs[name])  # noqa: E731
+                code = kernel_code(libs, path)
                 pks = {th: [] for th in threads_list}
                 per, bws = measure_group(p.name, libs, build, peer_fns, xs, threads_list, rounds,
                                          min_seconds, bw_fn, say,
                                          peak_fn(p.dtype) if p.T > 1 else None, pks)
+                same = len({json.dumps(c["built_from"], sort_keys=True) for c in code.values()}) == 1
                 for threads in threads_list:
                     for r in group_rows(p, p32, per[threads], bws[threads], threads,
                                         {name: copies for name in libs}, reached, peaks,
                                         pks[threads]):
+                        if r["impl"] in code:
+                            r["kernels"] = code[r["impl"]]["kernels"]
+                            r["same_code"] = same if r["impl"] == "colibri-tuned" else None
                         rows.append(r)
                         say(_fmt(r))
         p = problems_mod.problem(f"{shape}/prefill{ROUTE_T}/f32")
@@ -511,7 +532,8 @@ def _fmt(r):
             f"{_f(r['roof_ms_per_token'], '.3f'):>8} {_f(r['pct_of_roof'], '.1f'):>6} "
             f"{_f(r['roof_by'], '').replace('read bw', 'bw'):>8} "
             f"{r['gflops']:8.1f} {_f(r['vs_numpy'], '.2f'):>8} {_f(r['vs_torch'], '.2f'):>8} "
-            f"{_f(r['tuned_vs_default'], '.3f'):>9}")
+            f"{_f(r['tuned_vs_default'], '.3f'):>9}"
+            + (" (same code)" if r.get("same_code") else ""))
 
 
 def _fmt_route(r):

@@ -23,6 +23,8 @@ def test_bench_runs_and_writes_json(tmp_path):
     assert ("tiny/decode/f32", "numpy") in impls and ("tiny/decode/f32", "colibri-default") in impls
     assert ("tiny/decode/int8", "colibri-default") in impls
     assert ("tiny/decode/int4", "colibri-default") in impls
+    # which kernel table each library's layer ran (tiny is no tuned shape class here)
+    assert all(r["kernels"] for r in data["rows"] if r["impl"].startswith("colibri"))
     extended = set()  # (case, threads) the bench measured again: "bench: CASE at 1, 2 thread(s): ..."
     for line in (res.stderr + res.stdout).splitlines():
         if "more rounds" in line:

@@ -37,7 +37,10 @@ def _dir(root: Path, p: Problem, seed: int) -> Path:
 
 def _save(path: Path, a: np.ndarray) -> None:
     tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, a)
+    with open(tmp, "wb") as f:
+        np.save(f, a)
+        f.flush()
+        os.fsync(f.fileno())  # written back now, not during the timings that follow
     os.replace(tmp, path)  # a killed run never leaves half a weights file
 
 
