@@ -82,7 +82,7 @@ def tune_class(t, cls: str, base: dict) -> dict:
         result = search.STRATEGIES[name].search(space, lambda k: t.evaluate(k, prebuilt), budget,
                                                 rng=random.Random(cfg.seed), start=start or None)
         finals = finalists(t, result, baseline)
-        raced = race(t, cls, finals, baseline)
+        raced, bw = race(t, cls, finals, baseline)
     finally:
         t.baseline = None
     winner = choose(t, cls, raced)
@@ -91,7 +91,8 @@ def tune_class(t, cls: str, base: dict) -> dict:
            "strategy": name, "space_size": space.size(), "evaluations": result.evaluations,
            "default": baseline, "default_cost": default_cost, "finalists": raced,
            "winner": winner, "registry": seeded, "same_code_as_default": same,
-           "read_bandwidth_gbps": t.read_bandwidth()}
+           # measured in the race's rounds (else the run's probe): what "% of bw" divides by
+           "read_bandwidth_gbps": bw or t.read_bandwidth()}
     if winner is not None:
         render.atomic_write(cache, json.dumps(out, indent=1, default=str))
     return out
@@ -220,16 +221,16 @@ def finalists(t, result, baseline: dict) -> list[dict]:
     return out
 
 
-def race(t, cls: str, finals: list[dict], baseline: dict) -> list[dict]:
+def race(t, cls: str, finals: list[dict], baseline: dict) -> tuple[list[dict], float | None]:
     """The finalists and the default in interleaved rounds until the verdicts settle
-    (decide.race_step), the most rounds, or the class's time budget; one entry per
-    finalist (retime_entries)."""
+    (decide.race_step), the most rounds, or the class's time budget: one entry per
+    finalist (retime_entries), and the read bandwidth of the rounds (None without a race)."""
     if not finals:
-        return []
+        return [], None
     d = next((i for i, k in enumerate(finals) if variant_id(k) == variant_id(baseline)), None)
     if d is None or len(finals) == 1:  # nothing to race against
         return retime_entries(finals, [[[r.median_s] for r in t.cached(k)] for k in finals],
-                              baseline, [p.name for p in t.problems])
+                              baseline, [p.name for p in t.problems]), None
     cfg = t.cfg
     threads = cfg.threads or os.cpu_count() or 1
     names = [p.name for p in t.problems]
@@ -250,16 +251,17 @@ def race(t, cls: str, finals: list[dict], baseline: dict) -> list[dict]:
     res = interleave.interleave(libs, t.problems, threads=[threads], weights_dir=t.work / "weights",
                                 seed=cfg.seed, rounds=(lo, hi), min_seconds=cfg.race_min_seconds,
                                 warmup=1, step=step, budget_s=cfg.race_budget_s,
-                                timeout_s=cfg.worker_timeout_s, say=t.say)
+                                timeout_s=cfg.worker_timeout_s, bandwidth=True, say=t.say)
     if not res.ok:
         t.say(f"  the race failed: {res.status} {res.reason[:200]}")
-        return []
+        return [], None
     dropped = {i: r for i, r in res.dropped.items()}
     t.say(f"  {res.rounds} round(s) in {res.wall_s:.1f} s"
           + (f"; dropped after round(s) " + ", ".join(f"{dropped[i]} ({t.label(finals[i])})"
                                                       for i in sorted(dropped)) if dropped else ""))
     per_lib = [[res.seconds[(n, threads)][i] for n in names] for i in range(len(finals))]
-    return retime_entries(finals, per_lib, baseline, names, rounds=res.rounds, dropped=dropped)
+    return (retime_entries(finals, per_lib, baseline, names, rounds=res.rounds, dropped=dropped),
+            res.read_bandwidth(threads))
 
 
 def retime_entries(finals: list[dict], per_lib, baseline: dict, names: list[str],

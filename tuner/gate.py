@@ -222,8 +222,10 @@ def _measure(t, libs, probs, threads) -> list[dict]:
     res = interleave.interleave(libs, probs, threads=threads, weights_dir=t.work / "weights",
                                 seed=cfg.seed, rounds=(3, cfg.gate_rounds),
                                 min_seconds=cfg.gate_min_seconds, verify=[False, True], step=step,
-                                timeout_s=cfg.worker_timeout_s, say=t.say)
+                                timeout_s=cfg.worker_timeout_s, bandwidth=True, say=t.say)
     cells = cells_of(res)
+    for c in cells:  # measured in the same rounds as the cell's timings
+        c["read_bandwidth_gbps"] = res.read_bandwidth(c["threads"])
     if res.verified and res.verified[1] and res.verified[1].get("status") != "ok":
         v = res.verified[1]
         for c in cells:

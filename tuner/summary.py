@@ -86,11 +86,12 @@ def with_gate(summary: dict, t, gate: dict) -> dict:
 def gate_rows(gate: dict, threads: int) -> list[dict]:
     """One row per problem the gate timed at `threads`: default and tuned seconds from the
     same interleaved rounds."""
-    bw = gate.get("read_bandwidth_gbps")
     rows = []
     for c in gate.get("cells", []):
         if c.get("status") != "ok" or c["threads"] != threads:
             continue
+        # the bandwidth of the same rounds (older records: the run's probe)
+        bw = c.get("read_bandwidth_gbps") or gate.get("read_bandwidth_gbps")
         p = problems_mod.problem(c["problem"])
         tuned = c["candidate_s"]
         gbps = p.decode_bytes / tuned / 1e9 if p.T == 1 else None
@@ -98,7 +99,7 @@ def gate_rows(gate: dict, threads: int) -> list[dict]:
                      "class": ",".join(c.get("owners") or ()) or "-", "source": "gate",
                      "default_s": c["default_s"], "tuned_s": tuned, "speedup": c["median"],
                      "interval": [c["lo"], c["hi"]], "rounds": c.get("rounds"),
-                     "kept_default": False, "gbps": gbps,
+                     "kept_default": False, "gbps": gbps, "read_bandwidth_gbps": bw,
                      "bw_fraction": (gbps / bw) if gbps and bw else None,
                      "gflops": p.flops / tuned / 1e9})
     return rows
@@ -125,7 +126,7 @@ def race_rows(classes: list[dict]) -> list[dict]:
                 "source": "race", "default_s": base, "tuned_s": tuned,
                 "speedup": (base / tuned) if base else None,
                 "interval": [iv["lo"], iv["hi"]] if iv else None, "rounds": len(w["rounds"][i]),
-                "kept_default": False, "gbps": gbps,
+                "kept_default": False, "gbps": gbps, "read_bandwidth_gbps": bw,
                 "bw_fraction": (gbps / bw) if gbps and bw else None,
                 "gflops": p.flops / tuned / 1e9}
     return list(rows.values())
@@ -150,7 +151,8 @@ def kept_rows(classes: list[dict], done: set) -> list[dict]:
                 "problem": name, "shape_class": c.get("shape_class"), "class": "-",
                 "source": "default", "default_s": s, "tuned_s": s, "speedup": None,
                 "interval": None, "rounds": len(dflt["rounds"][i]), "kept_default": True,
-                "gbps": gbps, "bw_fraction": (gbps / bw) if gbps and bw else None,
+                "gbps": gbps, "read_bandwidth_gbps": bw,
+                "bw_fraction": (gbps / bw) if gbps and bw else None,
                 "gflops": p.flops / s / 1e9}
     return list(rows.values())
 
@@ -233,10 +235,10 @@ def print_summary(summary: dict, out=None) -> None:
     if gate:
         from tuner.gate import print_gate
         print_gate(gate, out)
-    bw = (gate or {}).get("read_bandwidth_gbps") or summary.get("read_bandwidth_gbps")
-    if bw and rows:
-        print(f"(% of bw: decode weight bytes per second over the read bandwidth measured "
-              f"with these timings, {bw:.1f} GB/s)", file=out)
+    bws = sorted({round(r["read_bandwidth_gbps"], 1) for r in rows if r.get("read_bandwidth_gbps")})
+    if bws:
+        print(f"(% of bw: decode weight bytes per second over the read bandwidth measured in "
+              f"the same rounds, {bws[0]:.1f}-{bws[-1]:.1f} GB/s)", file=out)
     if summary["failed"]:
         print(f"{len(summary['failed'])} failed measurement(s) recorded (see the manifest)", file=out)
     if summary.get("emitted"):

@@ -135,6 +135,7 @@ class _FakeSession:
     def __init__(self, libs, problems, **kw):
         self.libs, self.problems, self.threads = list(libs), list(problems), kw["threads"]
         self.verified = [None] * len(self.libs)
+        self.bandwidth = {}
         self.r = 0
 
     def __enter__(self):

@@ -34,9 +34,17 @@ class Interleaved:
     live: list[int] = field(default_factory=list)  # the libraries still timed at the end
     dropped: dict = field(default_factory=dict)   # library -> the round after which it was dropped
     rounds: int = 0
+    bandwidth: dict = field(default_factory=dict)  # threads -> read GB/s per round (asked for)
     status: str = worker.STATUS_OK
     reason: str = ""
     wall_s: float = 0.0
+
+    def read_bandwidth(self, threads: int) -> float | None:
+        """The median read bandwidth of the rounds at `threads` (None if not measured)."""
+        from tuner.decide import _median
+
+        v = self.bandwidth.get(threads)
+        return _median(v) if v else None
 
     def rows(self, lib: int) -> list[list[float]]:
         """Library `lib`'s rounds per cell, cells in order: [cell][round]."""
@@ -65,7 +73,8 @@ def interleave(libs: Sequence[str | Path], problems, *, threads: Sequence[int], 
                seed: int = 0, rounds: tuple[int, int] = (4, 4), min_seconds: float = 0.2,
                warmup: int = 1, verify: Sequence[bool] | None = None,
                step: Callable[["Interleaved"], Sequence[int]] | None = None,
-               budget_s: float | None = None, timeout_s: float = 300.0, say=None) -> Interleaved:
+               budget_s: float | None = None, timeout_s: float = 300.0, bandwidth: bool = False,
+               say=None) -> Interleaved:
     """Time `libs` on `problems` x `threads` in interleaved rounds (module docstring)."""
     t0 = time.monotonic()
     problems = list(problems)
@@ -78,7 +87,7 @@ def interleave(libs: Sequence[str | Path], problems, *, threads: Sequence[int], 
     try:
         with worker.Session(libs, problems, threads=threads, weights_dir=weights_dir, seed=seed,
                             min_seconds=min_seconds, warmup=warmup, verify=verify,
-                            timeout_s=timeout_s) as s:
+                            timeout_s=timeout_s, bandwidth=bandwidth) as s:
             res.verified = list(s.verified)
             res.live = [i for i in res.live if not _failed(res.verified[i])]
             for r in range(hi):
@@ -90,6 +99,7 @@ def interleave(libs: Sequence[str | Path], problems, *, threads: Sequence[int], 
                         if v is not None:
                             res.seconds[c][i].append(v)
                 res.rounds = r + 1
+                res.bandwidth = {th: list(v) for th, v in s.bandwidth.items()}
                 if budget_s is not None and time.monotonic() - t0 > budget_s and res.rounds >= 2:
                     break
                 if step is not None and res.rounds >= lo:

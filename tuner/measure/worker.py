@@ -274,7 +274,8 @@ class Session:
     `verify`, and then times one round per round() call: each live library on each problem
     and thread count for min_seconds inside C, the libraries in rotating order (round r
     starts with library r mod n, so none is always first). All of them read the same
-    mapped weights, so memory placement favours none.
+    mapped weights, so memory placement favours none. With bandwidth=True each round
+    first measures the read bandwidth at each thread count (Session.bandwidth).
 
         with Session(libs, problems, threads=[2], weights_dir=..., verify=[False, True]) as s:
             s.verified        # per library: None (not checked) or {"status", "reason", ...}
@@ -286,7 +287,7 @@ class Session:
 
     def __init__(self, libs, problems, *, threads, weights_dir, seed: int = 0,
                  min_seconds: float = 0.2, warmup: int = 1, verify=None,
-                 timeout_s: float = 300.0, say=None):
+                 timeout_s: float = 300.0, bandwidth: bool = False, say=None):
         self.libs = [str(x) for x in libs]
         self.problems = list(problems)
         self.threads = list(threads)
@@ -297,8 +298,9 @@ class Session:
         self._job = {"mode": "session", "libs": self.libs,
                      "problems": [{"name": p.name} for p in self.problems],
                      "threads": self.threads, "weights_dir": str(weights_dir), "seed": seed,
-                     "min_seconds": min_seconds, "warmup": warmup,
+                     "min_seconds": min_seconds, "warmup": warmup, "bandwidth": bandwidth,
                      "verify": list(verify or [False] * len(self.libs))}
+        self.bandwidth: dict[int, list[float]] = {}  # threads -> read GB/s, one per round
         self._mem = memory_cap(self.problems, len(self.libs))
         self._proc = None
         self._err = None
@@ -336,6 +338,8 @@ class Session:
         self._send({"round": self.rounds_done, "libs": live})
         d = self._read(max(60.0, 3 * budget))
         self.rounds_done += 1
+        for th, v in (d.get("bandwidth") or {}).items():
+            self.bandwidth.setdefault(int(th), []).append(v)
         out = {}
         for key, per in d["seconds"].items():
             name, th = key.rsplit("|", 1)
@@ -438,12 +442,23 @@ def _session(job: dict) -> None:
     _emit(event="ready")
     buffers = {p: _timing_buffers(p, job) for p in probs}
     warmed = set()
+    bw_bytes = 0
+    if job.get("bandwidth"):
+        from tuner.host.bandwidth import _llc_total_here, working_set_bytes
+
+        bw_bytes = working_set_bytes(_llc_total_here())[0]
+    gbps = ffi.new("double *")
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd.get("stop"):
             return
         r, live = cmd["round"], [i for i in cmd["libs"] if i not in failed]
-        seconds = {}
+        seconds, bandwidth = {}, {}
+        # the read bandwidth in this round, at each thread count: what "% of bandwidth"
+        # divides by (a figure from minutes earlier can be a third off on a shared machine)
+        for th in job["threads"] if bw_bytes else ():
+            if libs[0].colibri_membw(0, bw_bytes, th, 0.1, gbps) == 0:
+                bandwidth[str(th)] = float(gbps[0])
         for p in probs:
             xs, out, samples, n = buffers[p]
             for th in job["threads"]:
@@ -463,7 +478,7 @@ def _session(job: dict) -> None:
                     s = sorted(samples[:n[0]])
                     k = len(s)
                     row[str(i)] = float(s[k // 2] if k % 2 else 0.5 * (s[k // 2 - 1] + s[k // 2]))
-        _emit(event="round", round=r, seconds=seconds)
+        _emit(event="round", round=r, seconds=seconds, bandwidth=bandwidth)
 
 
 def _small_checks(lib_path: str, p) -> list[tuple[str, object, object]]:
