@@ -4,9 +4,9 @@ The f32 weights are .npy files (the reference reads them memory-mapped); each we
 the tuner times is a model file (FORMAT.md) encoded from them, which every library a
 measurement compares loads in place: they all read the same pages of the page cache, so
 where the weights sit in memory cannot favour one of them (two copies of the same layer,
-allocated one after the other, timed 1.06-1.09x apart). The bench reads .npy encodings
-(ensure with its dtype). Generating gigabytes of weights is paid once per shape, not once
-per variant. Deterministic in the seed, so a recorded result can be reproduced."""
+allocated one after the other, timed 1.06-1.09x apart). Generating gigabytes of weights is
+paid once per shape, not once per variant. Deterministic in the seed, so a recorded result
+can be reproduced."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from colibri import quant
 from tuner.measure.problems import Problem
 
 NAMES = ("router", "gate", "up", "down")
@@ -108,41 +107,7 @@ def ensure_model(root: str | os.PathLike, p: Problem, seed: int = 0, copies: int
     return path
 
 
-def ensure(root: str | os.PathLike, p: Problem, seed: int = 0, progress=None) -> Path:
-    """Create (if missing) the f32 weights of p's shape and their .npy encoding in p.dtype."""
-    d = ensure_f32(root, p, seed, progress)
-    shapes = _shapes(p)
-    if p.dtype != "f32":
-        for name in shapes:
-            if name in ("router", "shared_expert_gate"):
-                continue
-            f = d / f"{name}.{p.dtype}.npy"
-            if f.exists():
-                continue
-            if progress:
-                progress(f"encoding {p.shape} {name} as {p.dtype}")
-            stored, scales = quant.encode(np.load(d / f"{name}.f32.npy", mmap_mode="r"), p.dtype)
-            if scales is not None:
-                _save(d / f"{name}.{p.dtype}.scales.npy", scales)
-            _save(f, stored)
-    return d
-
-
 def load(root: str | os.PathLike, p: Problem, seed: int = 0) -> dict[str, np.ndarray]:
     """The f32 weights, memory-mapped read-only."""
     d = _dir(Path(root), p, seed)
     return {n: np.load(d / f"{n}.f32.npy", mmap_mode="r") for n in _shapes(p)}
-
-
-def load_encoded(root: str | os.PathLike, p: Problem, seed: int = 0) -> dict[str, tuple]:
-    """name -> (stored array, scales or None) in p.dtype, memory-mapped."""
-    d = _dir(Path(root), p, seed)
-    out = {}
-    for n in _shapes(p):
-        if p.dtype == "f32" or n in ("router", "shared_expert_gate"):
-            out[n] = (np.load(d / f"{n}.f32.npy", mmap_mode="r"), None)
-        else:
-            sc = d / f"{n}.{p.dtype}.scales.npy"
-            out[n] = (np.load(d / f"{n}.{p.dtype}.npy", mmap_mode="r"),
-                      np.load(sc, mmap_mode="r") if sc.exists() else None)
-    return out
