@@ -39,6 +39,9 @@ def _args(paths, pdir, **kw):
 def _setup(tmp_path, manifests):
     pdir = tmp_path / "profiles"
     shutil.copytree(ROOT / "profiles", pdir, ignore=shutil.ignore_patterns("evidence"))
+    # start from zen5 without the shape classes promoted into the checked-in profile
+    z = pdir / "zen5.yaml"
+    z.write_text(z.read_text().split(promote.MARKER)[0].rstrip("\n") + "\n")
     paths = []
     for i, m in enumerate(manifests):
         p = tmp_path / f"m{i}.json"
