@@ -109,7 +109,10 @@ def open_library(path: str | os.PathLike | None = None):
             if problem:
                 raise LibraryNotFound(problem)
             check_sanitizer_runtime(p)
-            lib = ffi.dlopen(key)
+            # never unloaded: at interpreter exit cffi would dlclose it, and with it the
+            # OpenMP runtime, while its worker threads still spin in that runtime's code
+            # after the last parallel region (a segfault at exit, 5-25% of short runs)
+            lib = ffi.dlopen(key, ffi.RTLD_NOW | ffi.RTLD_NODELETE)
             _opened[key] = lib
     return lib
 
