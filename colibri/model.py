@@ -16,6 +16,7 @@ import threading
 import numpy as np
 
 from ._lib import ColibriError, check, ffi, last_error, open_library
+from .layer import PAGE_KINDS
 
 _INT_MAX = 2**31 - 1
 
@@ -90,6 +91,12 @@ class Model:
     def layer_weight_bytes(self, index: int) -> int:
         """Bytes of weights layer `index` streams (shared tensors counted in every layer)."""
         return int(self._lib.colibri_layer_weight_bytes(self._layer(index)))
+
+    def layer_page_kind(self, index: int) -> str:
+        """Where layer `index`'s expert weights live: "file" (read in place from the mapped
+        file) or the pages of the pool they were packed into at load ("normal", "thp",
+        "hugetlb"): the library's kernels read int8 in a packed layout (layout_int8)."""
+        return PAGE_KINDS.get(self._lib.colibri_layer_page_kind(self._layer(index)), "unknown")
 
     def layer_kernels(self, index: int) -> str:
         """The kernel table layer `index` runs: "default" or its tuned shape class."""

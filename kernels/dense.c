@@ -46,7 +46,7 @@ colibri_dense *colibri_dense_create(int rows, int cols, int weight_dtype, const 
     }
     memcpy(d->mem, w, nb);
     if (ns) memcpy((char *)d->mem + at, scales, ns * sizeof(float));
-    d->m = (cb_mat){d->mem, ns ? (const float *)(const void *)((char *)d->mem + at) : NULL, rows, cols};
+    d->m = (cb_mat){d->mem, ns ? (const float *)(const void *)((char *)d->mem + at) : NULL, rows, cols, NULL};
     d->dtype = weight_dtype;
     d->weight_bytes = bytes;
     return d;

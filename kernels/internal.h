@@ -5,11 +5,14 @@
 #include "colibri.h"
 
 /* One weight matrix [rows, cols] of the layer's dtype; scales for int8 (one per row)
- * and int4 (one per group of CB_INT4_GROUP along a row). */
+ * and int4 (one per group of CB_INT4_GROUP along a row). pk: the same weights in the
+ * layout the layer's kernel table packs this dtype into (cbk_kernels.pack), or NULL: the
+ * kernels then read w, the stored row-major layout (NULL itself once packed at create). */
 typedef struct {
     const void *w;
     const float *scales;
     int rows, cols;
+    const void *pk;
 } cb_mat;
 
 /* gate/up [inter, H], down [H, inter]. */

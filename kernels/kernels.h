@@ -18,6 +18,11 @@ typedef void (*cbk_rows_acc_fn)(int dtype, const cb_mat *m, const float *Hin, in
 /* Per-thread workspace for matrices of up to max_cols columns and max_tokens tokens
  * (the int4 kernels quantize their activations into it; 0 for the other dtypes). */
 typedef size_t (*cbk_workspace_fn)(int dtype, int max_cols, int max_tokens);
+/* Bytes of a [rows, cols] matrix of dtype in the table's packed layout for it, 0 when the
+ * table reads that dtype in its stored layout; and the packing of such a matrix (its
+ * stored data, cb_mat's w) into dst (cb_mat's pk). */
+typedef size_t (*cbk_pack_bytes_fn)(int dtype, int rows, int cols);
+typedef void (*cbk_pack_fn)(int dtype, const void *src, int rows, int cols, void *dst);
 
 /* One rendering of the kernel template: the base knobs ("default") or a tuned shape
  * class's knobs (docs/shape-classes.md). */
@@ -26,6 +31,8 @@ struct cbk_kernels {
     cbk_gateup_fn gateup;
     cbk_rows_acc_fn rows_acc;
     cbk_workspace_fn workspace_bytes;
+    cbk_pack_bytes_fn pack_bytes;
+    cbk_pack_fn pack;
 };
 
 /* The default table's functions under their own names (the router, colibri.Linear and

@@ -72,21 +72,28 @@ int colibri_get_num_threads(void) {
 
 static size_t align_up(size_t v) { return (v + CB_ALIGN - 1) / CB_ALIGN * CB_ALIGN; }
 
-/* Bytes of a [rows, cols] matrix of dtype plus its scales, each 64-aligned. */
-static size_t mat_bytes(int dtype, size_t rows, size_t cols) {
-    size_t b = align_up(cb_mat_data_bytes(dtype, rows, cols));
+/* Bytes of a [rows, cols] matrix of dtype plus its scales, each 64-aligned: packed in
+ * the layout of table K where K packs the dtype. */
+static size_t mat_bytes(const cbk_kernels *K, int dtype, size_t rows, size_t cols) {
+    size_t pb = K->pack_bytes(dtype, (int)rows, (int)cols);
+    size_t b = align_up(pb ? pb : cb_mat_data_bytes(dtype, rows, cols));
     size_t ns = cb_mat_scale_count(dtype, rows, cols);
     if (ns) b += align_up(ns * sizeof(float));
     return b;
 }
 
-static int copy_mat(colibri_pool *pool, int dtype, const void *src, const float *scales, size_t rows,
-                    size_t cols, cb_mat *out) {
-    size_t n = cb_mat_data_bytes(dtype, rows, cols);
+/* The matrix into the pool: packed once, here, where table K packs its dtype (w is then
+ * NULL: no kernel of K reads the stored layout), else copied as stored. */
+static int copy_mat(colibri_pool *pool, const cbk_kernels *K, int dtype, const void *src, const float *scales,
+                    size_t rows, size_t cols, cb_mat *out) {
+    const size_t pb = K->pack_bytes(dtype, (int)rows, (int)cols);
+    size_t n = pb ? pb : cb_mat_data_bytes(dtype, rows, cols);
     void *w = colibri_pool_alloc(pool, n, CB_ALIGN);
     if (!w) return COLIBRI_ERR_NOMEM;
-    memcpy(w, src, n);
-    out->w = w;
+    if (pb) K->pack(dtype, src, (int)rows, (int)cols, w);
+    else memcpy(w, src, n);
+    out->w = pb ? NULL : w;
+    out->pk = pb ? w : NULL;
     out->scales = NULL;
     out->rows = (int)rows;
     out->cols = (int)cols;
@@ -144,9 +151,10 @@ colibri_layer *colibri_layer_create(const colibri_layer_desc *d) {
     const int dt = d->weight_dtype;
     const size_t nb_ih = cb_mat_data_bytes(dt, I, H), nb_hi = cb_mat_data_bytes(dt, H, I);
     const size_t ns_ih = cb_mat_scale_count(dt, I, H), ns_hi = cb_mat_scale_count(dt, H, I);
-    const size_t per_expert = 2 * mat_bytes(dt, I, H) + mat_bytes(dt, H, I);
+    const cbk_kernels *K = cbk_kernels_for(d->hidden, d->inter);
+    const size_t per_expert = 2 * mat_bytes(K, dt, I, H) + mat_bytes(K, dt, H, I);
     size_t total = align_up(E * H * sizeof(float)) + E * per_expert;
-    if (S) total += 2 * mat_bytes(dt, S, H) + mat_bytes(dt, H, S) + align_up(H * sizeof(float));
+    if (S) total += 2 * mat_bytes(K, dt, S, H) + mat_bytes(K, dt, H, S) + align_up(H * sizeof(float));
 
     colibri_layer *L = calloc(1, sizeof *L);
     cb_expert *ex = calloc(E, sizeof *ex);
@@ -162,7 +170,7 @@ colibri_layer *colibri_layer_create(const colibri_layer_desc *d) {
     L->inter = d->inter;
     L->n_experts = d->n_experts;
     L->dtype = dt;
-    L->kernels = cbk_kernels_for(d->hidden, d->inter);
+    L->kernels = K;
     L->route = d->route;
     L->experts = ex;
     L->pool = pool;
@@ -178,16 +186,16 @@ colibri_layer *colibri_layer_create(const colibri_layer_desc *d) {
         const char *g = (const char *)d->gate + e * nb_ih;
         const char *u = (const char *)d->up + e * nb_ih;
         const char *dn = (const char *)d->down + e * nb_hi;
-        st = copy_mat(pool, dt, g, d->gate_scales ? d->gate_scales + e * ns_ih : NULL, I, H, &ex[e].gate);
-        if (!st) st = copy_mat(pool, dt, u, d->up_scales ? d->up_scales + e * ns_ih : NULL, I, H, &ex[e].up);
-        if (!st) st = copy_mat(pool, dt, dn, d->down_scales ? d->down_scales + e * ns_hi : NULL, H, I, &ex[e].down);
+        st = copy_mat(pool, K, dt, g, d->gate_scales ? d->gate_scales + e * ns_ih : NULL, I, H, &ex[e].gate);
+        if (!st) st = copy_mat(pool, K, dt, u, d->up_scales ? d->up_scales + e * ns_ih : NULL, I, H, &ex[e].up);
+        if (!st) st = copy_mat(pool, K, dt, dn, d->down_scales ? d->down_scales + e * ns_hi : NULL, H, I, &ex[e].down);
         ex[e].inter = (int)I;
     }
     if (!st && S) {
         L->has_shared = 1;
-        st = copy_mat(pool, dt, d->shared_gate, d->shared_gate_scales, S, H, &L->shared.gate);
-        if (!st) st = copy_mat(pool, dt, d->shared_up, d->shared_up_scales, S, H, &L->shared.up);
-        if (!st) st = copy_mat(pool, dt, d->shared_down, d->shared_down_scales, H, S, &L->shared.down);
+        st = copy_mat(pool, K, dt, d->shared_gate, d->shared_gate_scales, S, H, &L->shared.gate);
+        if (!st) st = copy_mat(pool, K, dt, d->shared_up, d->shared_up_scales, S, H, &L->shared.up);
+        if (!st) st = copy_mat(pool, K, dt, d->shared_down, d->shared_down_scales, H, S, &L->shared.down);
         L->shared.inter = (int)S;
         if (!st && d->shared_expert_gate) {
             float *sg = colibri_pool_alloc(pool, H * sizeof(float), CB_ALIGN);
@@ -350,7 +358,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     /* router logits: logits[t, e] = router[e] . x[t], split by experts */
     memset(logits, 0, f_logits * sizeof(float));
     for (int t = 0; t < T; ++t) tok[t] = t, tw[t] = 1.0f;
-    const cb_mat rmat = {L->router, NULL, E, H};
+    const cb_mat rmat = {L->router, NULL, E, H, NULL};
 #pragma omp parallel num_threads(nt)
     {
         int lo, hi;

@@ -108,7 +108,7 @@ static cb_mat mat_at(const cb_model_file *mf, uint32_t t) {
     cb_mf_tensor e;
     cb_mf_tensor_at(mf, t, &e);
     const unsigned char *w = cb_mf_payload(mf, &e);
-    cb_mat m = {w, NULL, (int)e.rows, (int)e.cols};
+    cb_mat m = {w, NULL, (int)e.rows, (int)e.cols, NULL};
     if (e.dtype == COLIBRI_INT8 || e.dtype == COLIBRI_INT4) /* data padded to 4, then f32 scales */
         m.scales = (const float *)(const void *)(w + ((cb_mat_data_bytes((int)e.dtype, e.rows, e.cols) + 3) &
                                                       ~(uint64_t)3));
@@ -121,7 +121,60 @@ static size_t tensor_nbytes(const cb_model_file *mf, uint32_t t) {
     return (size_t)e.nbytes;
 }
 
-/* Fills layer l as a borrowed view into the mapping. */
+#ifndef COLIBRI_DEFAULT_HUGEPAGES
+#define COLIBRI_DEFAULT_HUGEPAGES 0
+#endif
+
+/* The whole pages of [p, p + n) in the read-only file mapping out of this process's
+ * resident set: clean pages, read again from the file should anything touch them. */
+static void drop_pages(const void *p, size_t n) {
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = ((uintptr_t)p + pg - 1) / pg * pg, b = ((uintptr_t)p + n) / pg * pg;
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+/* Packs the layer's expert matrices into a pool of its own where its kernel table packs
+ * the dtype (cbk_kernels.pack): once, at load; their mapped pages then leave the resident
+ * set (w is NULL: no kernel of the table reads the stored layout). */
+/* The layer's i-th expert matrix: gate, up, down of expert i / 3, the shared expert last. */
+static cb_mat *mat_of(colibri_layer *L, int i) {
+    cb_expert *x = i / 3 < L->n_experts ? &L->experts[i / 3] : &L->shared;
+    return i % 3 == 0 ? &x->gate : i % 3 == 1 ? &x->up : &x->down;
+}
+
+static int pack_layer(colibri_layer *L) {
+    const cbk_kernels *K = L->kernels;
+    const int E = L->n_experts;
+    size_t total = 0;
+    for (int i = 0; i < 3 * (E + L->has_shared); i++) {
+        const cb_mat *m = mat_of(L, i);
+        const size_t pb = K->pack_bytes(L->dtype, m->rows, m->cols);
+        if (!pb) return COLIBRI_OK; /* one dtype per layer: none of its matrices packs */
+        total += (pb + 63) / 64 * 64;
+    }
+    /* the build's default page policy of weight arenas (scons hugepages=) */
+    L->pool = colibri_pool_create(total, COLIBRI_DEFAULT_HUGEPAGES ? COLIBRI_HUGEPAGES_AUTO : COLIBRI_HUGEPAGES_OFF, -1);
+    if (!L->pool)
+        return cb_fail(COLIBRI_ERR_NOMEM, "colibri_load_model: out of memory for %zu bytes of packed weights",
+                       total);
+    L->page_kind = colibri_pool_page_kind(L->pool);
+    const int n = 3 * (E + L->has_shared);
+    for (int i = 0; i < n; i++) { /* the pool hands out memory in order: places first */
+        cb_mat *m = mat_of(L, i);
+        m->pk = colibri_pool_alloc(L->pool, K->pack_bytes(L->dtype, m->rows, m->cols), 64);
+        if (!m->pk) return cb_fail(COLIBRI_ERR_NOMEM, "colibri_load_model: packed weights overflow their pool");
+    }
+#pragma omp parallel for schedule(dynamic)
+    for (int i = 0; i < n; i++) {
+        cb_mat *m = mat_of(L, i);
+        K->pack(L->dtype, m->w, m->rows, m->cols, (void *)m->pk);
+        drop_pages(m->w, cb_mat_data_bytes(L->dtype, (size_t)m->rows, (size_t)m->cols));
+        m->w = NULL;
+    }
+    return COLIBRI_OK;
+}
+
+/* Fills layer l as a borrowed view into the mapping (its packed matrices in a pool). */
 static int build_layer(const cb_model_file *mf, uint64_t l, colibri_layer *L) {
     const cb_mf_header *h = &mf->h;
     const uint64_t E = h->n_experts;
@@ -175,7 +228,7 @@ static int build_layer(const cb_model_file *mf, uint64_t l, colibri_layer *L) {
         }
     }
     L->weight_bytes = bytes;
-    return COLIBRI_OK;
+    return pack_layer(L);
 }
 
 void colibri_free_model(colibri_model *m) {
@@ -183,7 +236,7 @@ void colibri_free_model(colibri_model *m) {
         return;
     if (m->layers) {
         for (int i = 0; i < m->n_layers; i++)
-            cb_layer_destroy(&m->layers[i]); /* frees experts[]; pool is NULL */
+            cb_layer_destroy(&m->layers[i]); /* frees experts[] and a packed layer's pool */
         free(m->layers);
     }
     if (m->map)

@@ -40,6 +40,8 @@ CORNERS = [
     ("neon", "neoverse-n1", 2, 2, 2, 2048, 4096, 2048, 2, 4, 1, 4096, 3, 2, 256, 8, 3, 2, 0, 512, 64, 1),
     ("neon", "neoverse-v2", 4, 1, 2, 512, 8192, 4096, 4, 2, 1, 1024, 2, 2, 128, 16, 2, 2, 0, 256, 32, 1),
     ("neon", "neoverse-v2", 1, 2, 1, 8192, 2048, 1024, 1, 4, 2, 8192, 3, 1, 512, 4, 4, 1, 0, 1024, 16, 0),
+    # AVX2 with AVX-VNNI on a host that runs it: the int gemm and packed int8 on 8-lane vectors
+    ("avx2", "zen5", 1, 2, 2, 2048, 8192, 4096, 2, 2, 1, 4096, 2, 1, 256, 8, 2, 1, 0, 512, 64, 1),
 ]
 KNOBS = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "prefetch_int4",
          "prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch_f32",
@@ -73,6 +75,13 @@ def _knobs(corner):
     k["amx_f32"], k["amx_bf16"] = amx, (amx if i % 2 == 0 else 1 - amx)
     # Arm's matrix multiplies: bf16 on odd corners, int8 on even ones
     k["gemm_mmla_bf16"], k["gemm_mmla_int8"] = i % 2, 1 - i % 2
+    # packed int8 on even corners and on AVX2 (its 8-row vectors), its blocks of rows by
+    # the corner's index (within the register constraint on each class's tokens)
+    k["layout_int8"] = "interleaved" if i % 2 == 0 or k["isa"] == "avx2" else "rows"
+    k["vec_rows"] = 2 if i % 4 in (0, 1) else 1
+    k["prefill_vec_rows"] = 2 if i % 4 == 0 and k["prefill_tok_block"] <= 2 else 1
+    k["prefill_kc_int8"] = (128, 256, 1024, 4096)[i // 2 % 4]
+    k["vec_prefetch_int8"] = (0, 2048, 4096, 8192)[(i // 2 + 1) % 4]
     return k
 
 
@@ -189,5 +198,10 @@ def test_corners_cover_every_knob_value():
     for name in ("gemm_mmla_bf16", "gemm_mmla_int8"):
         assert {k[name] for k in v2} == set(spec.knobs[name].values), name
     assert any(k["gemm_bf16_dot"] and not k["gemm_mmla_bf16"] for k in v2)
+    # packed int8 and its register blocks, where the target has an int dot product
+    packed = [k for k in vnni if k["layout_int8"] == "interleaved"]
+    assert {k["layout_int8"] for k in vnni} == set(spec.knobs["layout_int8"].values)
+    for name in ("vec_rows", "prefill_vec_rows", "prefill_kc_int8", "vec_prefetch_int8"):
+        assert {k[name] for k in packed} == set(spec.knobs[name].values), name
     for c in CORNERS:
         render.validate_knobs(spec, _knobs(c))
