@@ -29,6 +29,7 @@ SCONSTRUCT = ROOT / "SConstruct"
 TEMPLATES_DIR = Path(os.environ.get("COLIBRI_TEMPLATES_DIR") or ROOT / "templates")
 TEMPLATE_SUFFIX = ".c.j2"
 KNOBS_SUFFIX = ".knobs.yaml"
+ISAS_FILE = "isas.yaml"  # the kernel ISA records every template's knobs read (colibri_build/isas.py)
 
 
 def home() -> Path | None:
@@ -70,10 +71,10 @@ def c_sources() -> list[Path]:
 
 
 def template_sources(template: str, templates_dir: str | os.PathLike = TEMPLATES_DIR) -> list[Path]:
-    """A kernel template, its knobs file and the partials it may pull in."""
+    """A kernel template, its knobs file, the ISA records and the partials it may pull in."""
     tdir = Path(templates_dir)
     return [tdir / f"{template}{TEMPLATE_SUFFIX}", tdir / f"{template}{KNOBS_SUFFIX}",
-            *partials(tdir)]
+            *[p for p in (tdir / ISAS_FILE,) if p.exists()], *partials(tdir)]
 
 
 def engine_sources(templates_dir: str | os.PathLike = TEMPLATES_DIR) -> list[Path]:
@@ -81,7 +82,8 @@ def engine_sources(templates_dir: str | os.PathLike = TEMPLATES_DIR) -> list[Pat
     knobs file and partial, and the profiles (their flags, knobs and shape classes)."""
     tdir = Path(templates_dir)
     return [SCONSTRUCT, *c_sources(), *sorted(tdir.glob(f"*{TEMPLATE_SUFFIX}")),
-            *sorted(tdir.glob(f"*{KNOBS_SUFFIX}")), *partials(tdir),
+            *sorted(tdir.glob(f"*{KNOBS_SUFFIX}")), *[p for p in (tdir / ISAS_FILE,) if p.exists()],
+            *partials(tdir),
             *sorted(PROFILES_DIR.glob("*.yaml"))]
 
 

@@ -25,19 +25,9 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from . import cpuinfo as _cpuinfo
+from . import cpuinfo as _cpuinfo, isas as _isas
 from .paths import PROFILES_DIR
 
-# Kernel ISA -> (architecture it needs or None for any, host features its code may use).
-# A profile may list an ISA in kernel_isas only if its `features` include these, so the
-# avx512 kernels may assume everything x86-64-v4 guarantees and avx2 what x86-64-v3 does.
-KERNEL_ISAS: dict[str, tuple[str | None, tuple[str, ...]]] = {
-    "scalar": (None, ()),
-    "portable": (None, ()),
-    "avx2": ("x86_64", ("avx", "avx2", "fma", "f16c")),
-    "avx512": ("x86_64", ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")),
-    "neon": ("aarch64", ("asimd",)),
-}
 ARCHES = ("any", "x86_64", "aarch64")   # "any": the build host's own architecture
 KINDS = ("target", "build")             # build kinds (debug, asan) are never auto-selected
 COMPILER_FAMILIES = ("gcc", "clang")
@@ -291,6 +281,8 @@ def _flag_rules(raw: Any, where: str) -> dict[str, tuple[FlagRule, ...]]:
         if family not in COMPILER_FAMILIES:
             raise ProfileError(f"{where}: flags for unknown compiler '{family}' "
                                f"(known: {', '.join(COMPILER_FAMILIES)})")
+        if rules == []:  # `gcc: []`: this profile does not build with that family (its parent's rules dropped)
+            continue
         parsed = []
         for i, r in enumerate(rules or []):
             if not isinstance(r, dict) or set(r) - {"versions", "cflags", "ldflags", "note"}:
@@ -343,13 +335,16 @@ def _build(name: str, merged: dict, chain: tuple[str, ...], path: Path) -> Profi
     if d["kind"] not in KINDS:
         raise ProfileError(f"{where}: kind '{d['kind']}' is not one of {', '.join(KINDS)}")
     features = frozenset(d["features"])
+    # a profile may list an ISA in kernel_isas only if its `features` include the record's
+    # (templates/isas.yaml): the avx512 kernels may assume everything x86-64-v4 guarantees
+    known = _isas.records()
     for isa in d["kernel_isas"]:
-        if isa not in KERNEL_ISAS:
-            raise ProfileError(f"{where}: kernel isa '{isa}' unknown (known: {', '.join(KERNEL_ISAS)})")
-        need_arch, need = KERNEL_ISAS[isa]
-        if need_arch is not None and d["arch"] != need_arch:
-            raise ProfileError(f"{where}: kernel isa '{isa}' needs arch {need_arch}, profile is {d['arch']}")
-        missing = set(need) - features
+        if isa not in known:
+            raise ProfileError(f"{where}: kernel isa '{isa}' unknown (known: {', '.join(known)})")
+        rec = known[isa]
+        if rec.arch is not None and d["arch"] != rec.arch:
+            raise ProfileError(f"{where}: kernel isa '{isa}' needs arch {rec.arch}, profile is {d['arch']}")
+        missing = set(rec.features) - features
         if missing:
             raise ProfileError(f"{where}: kernel isa '{isa}' needs features {sorted(missing)} "
                                f"that the profile does not require")

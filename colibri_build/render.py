@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping
 import jinja2
 import yaml
 
-from . import paths, shapes as shapes_mod
+from . import isas as isas_mod, paths, shapes as shapes_mod
 from .paths import KNOBS_SUFFIX, TEMPLATE_SUFFIX, TEMPLATES_DIR
 
 
@@ -77,7 +77,8 @@ DOMAIN_DTYPES = ("f32", "bf16", "int8", "int4")
 class Domain:
     """The kernel paths and weight dtypes whose code a knob (or a class) changes, and
     when: only for these isa values (empty: any) and only where the profile's flags
-    give these capabilities (names from the knobs file's `capabilities`)."""
+    give these capabilities (templates/isas.yaml). `isas` is derived at load: the ISAs
+    whose record has every capability in `needs` (empty: any)."""
     paths: tuple[str, ...]
     dtypes: tuple[str, ...]
     isas: tuple[str, ...] = ()
@@ -109,8 +110,13 @@ class KnobSpec:
     constraints: tuple[str, ...]
     path: str
     _compiled: tuple = field(default=(), repr=False, compare=False)
-    # capability name -> alternatives, each a tuple of macros the compiler predefines
-    capabilities: dict = field(default_factory=dict, compare=False)
+    # isa name -> its record (templates/isas.yaml): capabilities, with the macros that give them
+    isas: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def capabilities(self) -> tuple[str, ...]:
+        """Every capability a knob may need: those some ISA record has."""
+        return isas_mod.capability_names(self.isas)
 
     def classes(self) -> dict[str, tuple[str, ...]]:
         """Tuning class -> its knobs, classes in the order they first appear in the file."""
@@ -178,14 +184,19 @@ def load_knob_spec(template: str, templates_dir: str | os.PathLike = TEMPLATES_D
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise KnobError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict) or set(raw) - {"knobs", "constraints", "capabilities"}:
+    if not isinstance(raw, dict) or set(raw) - {"knobs", "constraints"}:
         raise KnobError(f"{path}: expected a mapping with 'knobs' and optional 'constraints' "
-                        f"and 'capabilities'")
-    capabilities = _capabilities(raw.get("capabilities") or {}, path)
+                        f"(capabilities are the ISA records', {isas_mod.FILE})")
+    try:
+        records = isas_mod.records(templates_dir)
+    except isas_mod.IsaError as exc:
+        raise KnobError(str(exc)) from None
     knobs = {}
     for name, k in (raw.get("knobs") or {}).items():
         if not re.fullmatch(r"[a-z][a-z0-9_]*", str(name)):
             raise KnobError(f"{path}: knob name {name!r} must be lower_snake_case")
+        if isinstance(k, dict) and k.get("values") == "isas":  # the ISA records' names, in order
+            k = dict(k, values=list(records))
         if not isinstance(k, dict) or not isinstance(k.get("values"), list) or not k["values"]:
             raise KnobError(f"{path}: knob '{name}' needs a non-empty 'values' list")
         if k.get("default") not in k["values"]:
@@ -199,46 +210,37 @@ def load_knob_spec(template: str, templates_dir: str | os.PathLike = TEMPLATES_D
             raise KnobError(f"{path}: knob '{name}' quick {quick!r} must list some of its values {k['values']}")
         knobs[name] = Knob(name=name, values=tuple(k["values"]), default=k["default"],
                            doc=str(k.get("doc", "")), cls=cls,
-                           domain=_domain(k.get("domain"), f"{path}: knob '{name}'", capabilities),
+                           domain=_domain(k.get("domain"), f"{path}: knob '{name}'", records),
                            quick=tuple(quick))
     constraints = tuple(str(c) for c in raw.get("constraints") or ())
     compiled = tuple(compile_constraint(c, knobs, str(path)) for c in constraints)
     spec = KnobSpec(template=template, knobs=knobs, constraints=constraints, path=str(path),
-                    _compiled=compiled, capabilities=capabilities)
+                    _compiled=compiled, isas=records)
     defaults = {n: k.default for n, k in knobs.items()}
     if spec.violated(defaults):
         raise KnobError(f"{path}: the default knob values break {spec.violated(defaults)}")
     return spec
 
 
-def _capabilities(raw, path) -> dict[str, tuple[tuple[str, ...], ...]]:
-    if not isinstance(raw, dict):
-        raise KnobError(f"{path}: 'capabilities' must map names to lists of macro lists")
-    out = {}
-    for name, alts in raw.items():
-        if (not isinstance(alts, list) or not alts
-                or not all(isinstance(a, list) and a and all(isinstance(m, str) for m in a) for a in alts)):
-            raise KnobError(f"{path}: capability {name!r} must be a list of alternatives, each a "
-                            f"list of macro names, e.g. [[__AVX512VNNI__], [__AVXVNNI__]]")
-        out[str(name)] = tuple(tuple(a) for a in alts)
-    return out
-
-
-def _domain(raw, where: str, capabilities: Mapping) -> Domain:
-    if not isinstance(raw, dict) or set(raw) - {"paths", "dtypes", "isas", "needs"}:
+def _domain(raw, where: str, records: Mapping) -> Domain:
+    if not isinstance(raw, dict) or set(raw) - {"paths", "dtypes", "needs"}:
+        extra = (f" ('isas' is derived from 'needs' and the ISA records, {isas_mod.FILE})"
+                 if isinstance(raw, dict) and "isas" in raw else "")
         raise KnobError(f"{where} needs a 'domain' mapping with 'paths' and 'dtypes' "
-                        f"(and optional 'isas', 'needs'): the code the knob changes")
+                        f"(and optional 'needs'): the code the knob changes{extra}")
     parts = {}
-    for key, known in (("paths", PATHS), ("dtypes", DOMAIN_DTYPES), ("isas", None),
-                       ("needs", tuple(capabilities))):
+    for key, known in (("paths", PATHS), ("dtypes", DOMAIN_DTYPES),
+                       ("needs", isas_mod.capability_names(records))):
         vals = raw.get(key, [])
         if not isinstance(vals, list) or (key in ("paths", "dtypes") and not vals):
             raise KnobError(f"{where}: domain '{key}' must be a{' non-empty' if key in ('paths', 'dtypes') else ''} list")
-        bad = [v for v in vals if known is not None and v not in known]
+        bad = [v for v in vals if v not in known]
         if bad:
             raise KnobError(f"{where}: domain {key} {bad} unknown (known: {', '.join(known) or 'none'})")
         parts[key] = tuple(str(v) for v in vals)
-    return Domain(**parts)
+    needs = parts["needs"]
+    isas = tuple(n for n, r in records.items() if all(r.has(c) for c in needs)) if needs else ()
+    return Domain(**parts, isas=isas)
 
 
 def load_all_specs(templates_dir: str | os.PathLike = TEMPLATES_DIR) -> dict[str, KnobSpec]:

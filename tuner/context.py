@@ -180,7 +180,7 @@ class Tuner:
                 self.macros = predefined_macros(self.resolved.compiler.path,
                                                 list(self.resolved.cflags)) or frozenset()
             for need in dom.needs:
-                alts = self.spec.capabilities[need]
+                alts = self.spec.isas[base.get("isa")].capabilities[need]
                 if not any(all(m in self.macros for m in alt) for alt in alts):
                     return (f"needs {need} ({' or '.join('+'.join(a) for a in alts)}), which the "
                             f"{self.profile_name} profile's flags do not give")

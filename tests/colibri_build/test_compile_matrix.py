@@ -1,7 +1,7 @@
 """Every kernel ISA x the extremes of every knob class compiles with -Werror under the
 flags of a profile that runs that ISA. The points come from the knobs file, so a new
-knob or class is covered without editing this test; a new ISA needs one row in PROFILES
-(the last test fails until it has one). Behaviour is checked elsewhere (the kernel-variant
+knob or class is covered without editing this test; a new ISA's record names the profiles
+it is compiled under (compile_under). Behaviour is checked elsewhere (the kernel-variant
 corners, the layer tests); this checks that no corner of the space breaks the build."""
 import os
 import subprocess
@@ -9,19 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from colibri_build import cpuinfo, paths, profiles, render
+from colibri_build import cpuinfo, isas, paths, profiles, render
 
 KERNEL = "expert_ffn"
-# kernel isa -> the profiles it is compiled under: each distinct set of the capabilities
-# the template tests for (VNNI on avx2 and avx512, AMX; SDOT, BF16, I8MM on neon), so every
-# #if branch compiles
-PROFILES = {
-    "scalar": ["generic"],
-    "portable": ["generic"],
-    "avx2": ["x86-64-v3", "zen5"],            # zen5's flags add AVX-VNNI
-    "avx512": ["x86-64-v4", "sapphirerapids"],  # sapphirerapids adds VNNI and AMX
-    "neon": ["armv8-a", "neoverse-n1", "neoverse-v2"],  # n1 adds SDOT, v2 BF16 and I8MM
-}
+# kernel isa -> the profiles it is compiled under (its record's compile_under, in
+# templates/isas.yaml): each distinct set of the capabilities the template tests for
+# (VNNI on avx2 and avx512, AMX; SDOT, BF16, I8MM on neon), so every #if branch compiles
+PROFILES = {name: list(rec.compile_under) for name, rec in isas.records().items()}
 
 
 def _valid(spec, point) -> bool:
@@ -149,6 +143,21 @@ def test_the_points_reach_every_knob_extreme():
 def test_every_isa_has_profiles_that_compile_it():
     spec = render.load_knob_spec(KERNEL)
     for isa in spec.knobs["isa"].values:
-        assert PROFILES.get(isa), f"isa {isa!r}: add the profiles that compile it to PROFILES"
+        assert PROFILES.get(isa), f"isa {isa!r}: its record in templates/isas.yaml names no compile_under profiles"
         for profile in PROFILES[isa]:
             assert isa in profiles.get_profile(profile).kernel_isas, (isa, profile)
+
+
+def test_each_capability_is_compiled_under_a_profile_whose_flags_give_it():
+    # every #if branch a record's capabilities name is reached by one of its profiles
+    from tuner.context import predefined_macros
+    for name, rec in isas.records().items():
+        native = [p for p in rec.compile_under if _native(p)]
+        if not native or not rec.capabilities:
+            continue
+        given = set()
+        for p in native:
+            r = profiles.resolve(profiles.get_profile(p), "gcc")
+            given |= set(predefined_macros(r.compiler.path, list(r.cflags)) or ())
+        for cap, alts in rec.capabilities.items():
+            assert any(set(a) <= given for a in alts), (name, cap, rec.compile_under)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from colibri_build import cpuinfo, hostid, profiles
+from colibri_build import cpuinfo, hostid, isas, profiles
 
 REQUIRED = ["generic", "x86-64-v2", "x86-64-v3", "x86-64-v4", "haswell", "skylake-avx512",
             "icelake-server", "sapphirerapids", "zen3", "zen4", "zen5", "neoverse-n1",
@@ -63,8 +63,7 @@ def test_build_kinds(reg):
 def test_kernel_isas_are_backed_by_features(reg):
     for prof in reg.values():
         for isa in prof.kernel_isas:
-            need_arch, need = profiles.KERNEL_ISAS[isa]
-            assert set(need) <= prof.features, (prof.name, isa)
+            assert set(isas.records()[isa].features) <= prof.features, (prof.name, isa)
         assert prof.knobs.get("isa", "portable") in prof.kernel_isas, prof.name
 
 

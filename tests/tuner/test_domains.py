@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from colibri_build import render
+from colibri_build import isas, render
 from tuner import run
 from tuner.measure import problems
 
@@ -20,6 +20,26 @@ def test_every_knob_has_a_class_and_a_domain():
         assert set(k.domain.paths) <= set(render.PATHS), name
         assert set(k.domain.dtypes) <= set(render.DOMAIN_DTYPES), name
         assert set(k.domain.needs) <= set(SPEC.capabilities), name
+
+
+def test_a_knob_changes_code_only_for_the_isas_whose_records_have_what_it_needs():
+    # derived from templates/isas.yaml: the packed layout is x86's, the 2x2 multiplies Arm's
+    assert SPEC.knobs["isa"].values == tuple(isas.records())
+    assert set(SPEC.knobs["layout_int8"].domain.isas) == {"avx2", "avx512"}
+    assert SPEC.knobs["gemm_mmla_int8"].domain.isas == ("neon",)
+    assert set(SPEC.knobs["igemm_rows"].domain.isas) == {"avx2", "avx512", "neon"}
+    assert SPEC.knobs["rows"].domain.isas == ()  # needs nothing: every isa
+    for k in SPEC.knobs.values():
+        for isa in k.domain.isas:
+            assert all(isas.records()[isa].has(c) for c in k.domain.needs), k.name
+
+
+def test_a_knobs_file_may_not_list_isas_itself(tmp_path):
+    (tmp_path / "t.knobs.yaml").write_text(
+        "knobs:\n  a:\n    values: [1, 2]\n    default: 1\n    class: c\n"
+        "    domain: {paths: [decode], dtypes: [f32], isas: [avx512]}\n")
+    with pytest.raises(render.KnobError, match="derived from 'needs'"):
+        render.load_knob_spec("t", tmp_path)
 
 
 def test_the_default_problems_cover_every_class_domain():

@@ -12,10 +12,9 @@ functions the kernel templates define, `cbk_*` included, and the compiler's clon
 them such as `.part.0`), count the instructions that name each vector register class,
 and compare with the promise:
 
-    isa knob  avx512 -> zmm required     avx2 -> ymm required
-              neon -> fmla on .4s required
-              portable, scalar -> nothing required beyond the profile's -march
-    features  aarch64 levels show by mnemonic (REQUIRED_BY_FEATURE): asimddp -> sdot;
+    isa knob  the ISA record's `registers` (templates/isas.yaml): avx512 -> zmm required,
+              avx2 -> ymm, neon -> fmla on .4s; portable, scalar -> nothing beyond -march
+    features  the record's `when_feature`: aarch64 levels show by mnemonic: asimddp -> sdot;
     and knobs i8mm with gemm_mmla_int8=1 -> smmla; bf16 with gemm_mmla_bf16=1 -> bfmmla,
               with gemm_mmla_bf16=0 and gemm_bf16_dot=1 -> bfdot
     features  (the profile's required ISA features, from build_info.json)
@@ -35,7 +34,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from colibri_build import paths, render
+from colibri_build import isas, paths, render
 
 # Register classes counted per architecture: name -> operand pattern.
 REGISTER_CLASSES = {
@@ -49,18 +48,9 @@ INSTRUCTION_CLASSES = {
     "aarch64": {"fmla.4s": r"^\s*fmla\s+v\d+\.4s\b", "sdot": r"^\s*sdot\s", "bfdot": r"^\s*bfdot\s",
                 "bfmmla": r"^\s*bfmmla\s", "smmla": r"^\s*smmla\s"},
 }
-# What the `isa` knob promises the kernels use (at least one instruction of the class).
-REQUIRED_BY_ISA = {"avx512": ("zmm",), "avx2": ("ymm",), "portable": (), "scalar": (),
-                   "neon": ("fmla.4s",)}
-# Per isa: (profile feature, instruction class, knob values that select the path) -- a
-# library whose profile has the feature and whose knobs (build_info.json) select the path
-# must contain the instruction: a dotprod profile without sdot ran its fallback.
-REQUIRED_BY_FEATURE = {
-    "neon": (("asimddp", "sdot", {}),
-             ("i8mm", "smmla", {"gemm_mmla_int8": 1}),
-             ("bf16", "bfmmla", {"gemm_mmla_bf16": 1}),
-             ("bf16", "bfdot", {"gemm_mmla_bf16": 0, "gemm_bf16_dot": 1})),
-}
+# What the `isa` knob promises the kernels use (at least one instruction of each class),
+# and what a profile's feature adds where the knobs select its path: the ISA records'
+# `registers` and `when_feature` (templates/isas.yaml)
 # A class the build may only contain if the profile requires this feature.
 FORBIDDEN_WITHOUT = {
     "x86_64": {"zmm": "avx512f", "ymm": "avx"},
@@ -207,13 +197,15 @@ def check_library(lib: str | Path, *, isa: str | None = None, features=None,
         return result
     counts, symbols = count_registers(disasm, arch, kernel_prefixes(templates_dir))
     # class -> who promises it
-    why = {cls: f"isa={isa}" for cls in REQUIRED_BY_ISA.get(isa or "", ()) if cls in counts}
+    rec = isas.records(templates_dir).get(isa or "")
+    why = {cls: f"isa={isa}" for cls in (rec.registers if rec else ()) if cls in counts}
     knobs = _knobs(info)
-    if features is not None and knobs is not None:
-        for feat, cls, when in REQUIRED_BY_FEATURE.get(isa or "", ()):
-            if feat in set(features) and all(knobs.get(k) == v for k, v in when.items()):
-                why.setdefault(cls, f"isa={isa} with the profile's feature {feat}"
-                               + "".join(f", {k}={v}" for k, v in when.items()))
+    if rec and features is not None and knobs is not None:
+        for fp in rec.when_feature:
+            if fp.feature in set(features) and all(knobs.get(k) == v for k, v in fp.knobs):
+                for cls in fp.registers:
+                    why.setdefault(cls, f"isa={isa} with the profile's feature {fp.feature}"
+                                   + "".join(f", {k}={v}" for k, v in fp.knobs))
     require = list(why)
     forbid = ([cls for cls, feat in FORBIDDEN_WITHOUT.get(arch, {}).items()
                if feat not in set(features)] if features is not None else [])
