@@ -50,7 +50,7 @@ KNOBS = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "pre
 
 
 def _knobs(corner):
-    """The corner's knob values. Its prefetch and amx columns drive both dtypes' knobs:
+    """The corner's knob values. int4's decode rows are the next corner's. Its prefetch and amx columns drive both dtypes' knobs:
     f32 takes them as written, bf16 the next corner's prefetch and, on every other
     corner, the opposite amx switch (so f32 and bf16 differ in some corners). The prefill
     prefetch column is f32's; bf16 takes the next corner's, int8 and int4 the two after
@@ -63,6 +63,7 @@ def _knobs(corner):
     for step, dt in enumerate(("bf16", "int8", "int4"), 1):
         k[f"gemm_min_tokens_{dt}"] = CORNERS[(i + step) % len(CORNERS)][15]
     k["prefetch_f32"] = k.pop("prefetch")
+    k["rows_int4"] = CORNERS[(i + 1) % len(CORNERS)][2]
     k["prefetch_bf16"] = CORNERS[(i + 1) % len(CORNERS)][5]
     k["prefill_prefetch_bf16"] = CORNERS[(i + 1) % len(CORNERS)][11]
     k["prefill_prefetch_int8"] = min(CORNERS[(i + 2) % len(CORNERS)][11], 8192)
