@@ -401,7 +401,8 @@ class ModelWriter:
             slots[slot] = self._by_source[memo]
             return
         dtype, data = _payload(kind, mat, self._wdt)
-        key = (kind, dtype, mat.shape, hashlib.blake2b(data, digest_size=32).digest())
+        # hashed only to share identical tensors (a second of a big f32 layer otherwise)
+        key = (kind, dtype, mat.shape, hashlib.blake2b(data, digest_size=32).digest()) if self._share else None
         if self._share and key in self._by_hash:
             t = self._by_hash[key]
         else:

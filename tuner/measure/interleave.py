@@ -17,7 +17,9 @@ rounds, or budget_s stops it.
 """
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -65,8 +67,14 @@ def prepare(problems, weights_dir: str | Path, seed: int = 0, progress=None) -> 
     from tuner.host.bandwidth import _llc_total_here, resident_copies
 
     llc = _llc_total_here()
-    for p in {(p.shape, p.dtype): p for p in problems}.values():
-        weights.ensure_model(weights_dir, p, seed, resident_copies(p.layer_bytes, llc), progress)
+    todo = list({(p.shape, p.dtype): p for p in problems}.values())
+    for p in {p.shape: p for p in todo}.values():  # each shape's f32 weights, once
+        weights.ensure_f32(weights_dir, p, seed, progress)
+    # the dtypes' files side by side: encoding, checksums and writes release the GIL
+    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+        list(pool.map(lambda p: weights.ensure_model(weights_dir, p, seed,
+                                                     resident_copies(p.layer_bytes, llc), progress),
+                      todo))
 
 
 def interleave(libs: Sequence[str | Path], problems, *, threads: Sequence[int], weights_dir,
