@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,10 +49,18 @@ def kernel_object(build_dir: Path, profile: str, vid: str, template: str = "expe
 
 
 def _messages_for(output: str, did: str) -> str:
-    """Lines of the build output that concern one variant (gcc names the file)."""
-    tag = f"variants/{did}/"
+    """Lines of the build output that concern one variant (gcc names the file), the
+    renderings it shares with another variant of the batch included (SConstruct's
+    "variant <did> shares <object>": their messages name that variant's files)."""
+    shares = f"variant {did} shares "
+    tags = [f"variants/{did}/"]
+    for ln in output.splitlines():
+        # .../obj/variants/<other>/<name>.os, whose source is .../gen/variants/<other>/<name>.c
+        m = re.search(r"(variants/[^/\s]+/[^/\s]+)\.os\s*$", ln) if shares in ln else None
+        if m:
+            tags.append(m.group(1) + ".")
     lines = [ln for ln in output.splitlines()
-             if (tag in ln or f"variant {did} " in ln)
+             if (any(t in ln for t in tags) or f"variant {did} " in ln) and " shares " not in ln
              and not ln.startswith(("/usr/bin/", "gcc ", "cc ", "clang ", "render "))]
     return "\n".join(lines[-20:])
 
