@@ -63,19 +63,25 @@ def _generate(shape: tuple[int, ...], seed: int, index: int) -> np.ndarray:
 
 def ensure_f32(root: str | os.PathLike, p: Problem, seed: int = 0, progress=None) -> Path:
     """Create (if missing) the f32 weights of p's shape; their directory."""
+    from concurrent.futures import ThreadPoolExecutor
+
     d = _dir(Path(root), p, seed)
     d.mkdir(parents=True, exist_ok=True)
-    shapes = _shapes(p)
-    for index, (name, shape) in enumerate(shapes.items()):
-        f = d / f"{name}.f32.npy"
-        if f.exists():
-            continue
+    todo = [(index, name, shape) for index, (name, shape) in enumerate(_shapes(p).items())
+            if not (d / f"{name}.f32.npy").exists()]
+
+    def make(item):
+        index, name, shape = item
         if progress:
             progress(f"generating {p.shape} weights: {name} {list(shape)}")
         a = _generate(shape, seed, index)  # one stream per tensor: regenerating one file gives the same values
         scale = 3.0 if name == "router" else 1.0  # routers of trained models spread their logits
         a *= np.float32(scale / np.sqrt(shape[-1]))
-        _save(f, a)
+        _save(d / f"{name}.f32.npy", a)
+
+    # side by side, one thread per CPU: the row gathers and the writes release the GIL
+    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+        list(pool.map(make, todo))
     return d
 
 
