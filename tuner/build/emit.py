@@ -2,8 +2,11 @@
 manifest.json, colibri_dump_schema}. Reads the winner from the run's summary (measured
 results), never re-measures.
 
-The library is built by `scons profile=<p> config=<that config.h>` in a staging tree
-(build/tuner/emit/<host-id>/, kept so the next emit is incremental), never in place.
+The library is built by `scons profile=<p> config=<that config.h>` into the build root of
+the tuner's variants (build/tuner/variants/), never in place: the hand-written objects and
+the kernel parts of the tuned tables are already compiled there (the gate built the same
+knobs as a variant), so emitting compiles the table list and links. Its config.h is
+staged in build/tuner/emit/<host-id>/.
 The set is published as a whole: the files are written into a fresh hidden
 generation directory beside the public one, then build/tuned/<host-id> (a symlink) is
 pointed at it with one rename. A run killed at any instant leaves the previous
@@ -146,12 +149,13 @@ def emit(t: Target, knobs: dict, summary: dict) -> dict:
     sig = t.identity.config(knobs)
     stage = Path(t.build_dir) / "tuner" / "emit" / public.name
     config = render.write_config_h(stage / "config.h", knobs, signature=sig, profile=t.profile_name)
-    args = [f"profile={t.profile_name}", f"config={config}", f"build_dir={stage / 'build'}"]
+    root = Path(t.build_dir) / "tuner" / "variants"  # tuner.context's work / "variants"
+    args = [f"profile={t.profile_name}", f"config={config}", f"build_dir={root}"]
     t.say(f"emitting: scons {' '.join(args)}")
     res = scons.run(*args)
     if res.returncode != 0:
         raise RuntimeError(f"building the tuned library failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
-    built = stage / "build" / t.profile_name
+    built = root / t.profile_name
     info = json.loads((built / "build_info.json").read_text())
     if info.get("config"):
         info["config"]["path"] = str(public / "config.h")  # where it is published
