@@ -79,9 +79,11 @@ def template_sources(template: str, templates_dir: str | os.PathLike = TEMPLATES
 
 def engine_sources(templates_dir: str | os.PathLike = TEMPLATES_DIR) -> list[Path]:
     """Everything a library is built from: SConstruct, the C sources, every template,
-    knobs file and partial, and the profiles (their flags, knobs and shape classes)."""
+    knobs file and partial, the renderer that turns them into C, and the profiles (their
+    flags, knobs and shape classes)."""
     tdir = Path(templates_dir)
-    return [SCONSTRUCT, *c_sources(), *sorted(tdir.glob(f"*{TEMPLATE_SUFFIX}")),
+    return [SCONSTRUCT, *c_sources(), _PACKAGE / "render.py", _PACKAGE / "parts.py",
+            *sorted(tdir.glob(f"*{TEMPLATE_SUFFIX}")),
             *sorted(tdir.glob(f"*{KNOBS_SUFFIX}")), *[p for p in (tdir / ISAS_FILE,) if p.exists()],
             *partials(tdir),
             *sorted(PROFILES_DIR.glob("*.yaml"))]

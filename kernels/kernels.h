@@ -24,19 +24,29 @@ typedef size_t (*cbk_workspace_fn)(int dtype, int max_cols, int max_tokens);
 typedef size_t (*cbk_pack_bytes_fn)(int dtype, int rows, int cols);
 typedef void (*cbk_pack_fn)(int dtype, const void *src, int rows, int cols, void *dst);
 
-/* One rendering of the kernel template: the base knobs ("default") or a tuned shape
- * class's knobs (docs/shape-classes.md). */
-struct cbk_kernels {
-    const char *name;
+/* One weight dtype's kernels as the template renders them (a "part", gen/parts/<symbol>.c):
+ * the functions take the dtype for the callers' convenience and serve only their own. */
+typedef struct cbk_part {
+    const char *dtype;
     cbk_gateup_fn gateup;
     cbk_rows_acc_fn rows_acc;
     cbk_workspace_fn workspace_bytes;
     cbk_pack_bytes_fn pack_bytes;
     cbk_pack_fn pack;
+    int (*uses_amx)(void); /* NULL: never */
+} cbk_part;
+
+/* A kernel table: the base knobs' ("default") or a tuned shape class's (docs/shape-classes.md),
+ * one part per weight dtype, indexed by colibri_dtype (gen/kernel_tables.c). */
+struct cbk_kernels {
+    const char *name;
+    const cbk_part *part[4];
 };
 
-/* The default table's functions under their own names (the router, colibri.Linear and
- * tests call them directly). */
+/* dtype: a valid colibri_dtype (the layer and model loaders check it) */
+static inline const cbk_part *cbk_part_of(const cbk_kernels *K, int dtype) { return K->part[dtype]; }
+
+/* The default table's functions (the router, dense layers and colibri.Linear call them). */
 void cbk_gateup(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, int ldx,
                 const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh, void *ws);
 void cbk_rows_acc(int dtype, const cb_mat *m, const float *Hin, int ldh, int ntok, const float *tw,
@@ -44,11 +54,11 @@ void cbk_rows_acc(int dtype, const cb_mat *m, const float *Hin, int ldh, int nto
 size_t cbk_workspace_bytes(int dtype, int max_cols, int max_tokens);
 extern const cbk_kernels cbk_kernels_default;
 
-/* Register block height the kernels were rendered with (row splits align to it; one value
- * for every table). */
+/* Row splits between threads align to this many rows (dispatch.c), a multiple of every
+ * register block height the kernels may be rendered with. */
 extern const int cbk_rows_block;
 
-/* The tuned shape classes this library carries (gen/shape_table.c, written by SConstruct
+/* The tuned shape classes this library carries (gen/kernel_tables.c, written by SConstruct
  * from config.h): a layer whose (hidden, inter) fall in a class's bins runs its table. */
 typedef struct {
     int hidden_bin, inter_bin;

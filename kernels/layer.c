@@ -75,7 +75,7 @@ static size_t align_up(size_t v) { return (v + CB_ALIGN - 1) / CB_ALIGN * CB_ALI
 /* Bytes of a [rows, cols] matrix of dtype plus its scales, each 64-aligned: packed in
  * the layout of table K where K packs the dtype. */
 static size_t mat_bytes(const cbk_kernels *K, int dtype, size_t rows, size_t cols) {
-    size_t pb = K->pack_bytes(dtype, (int)rows, (int)cols);
+    size_t pb = cbk_part_of(K, dtype)->pack_bytes(dtype, (int)rows, (int)cols);
     size_t b = align_up(pb ? pb : cb_mat_data_bytes(dtype, rows, cols));
     size_t ns = cb_mat_scale_count(dtype, rows, cols);
     if (ns) b += align_up(ns * sizeof(float));
@@ -86,11 +86,11 @@ static size_t mat_bytes(const cbk_kernels *K, int dtype, size_t rows, size_t col
  * NULL: no kernel of K reads the stored layout), else copied as stored. */
 static int copy_mat(colibri_pool *pool, const cbk_kernels *K, int dtype, const void *src, const float *scales,
                     size_t rows, size_t cols, cb_mat *out) {
-    const size_t pb = K->pack_bytes(dtype, (int)rows, (int)cols);
+    const size_t pb = cbk_part_of(K, dtype)->pack_bytes(dtype, (int)rows, (int)cols);
     size_t n = pb ? pb : cb_mat_data_bytes(dtype, rows, cols);
     void *w = colibri_pool_alloc(pool, n, CB_ALIGN);
     if (!w) return COLIBRI_ERR_NOMEM;
-    if (pb) K->pack(dtype, src, (int)rows, (int)cols, w);
+    if (pb) cbk_part_of(K, dtype)->pack(dtype, src, (int)rows, (int)cols, w);
     else memcpy(w, src, n);
     out->w = pb ? NULL : w;
     out->pk = pb ? w : NULL;
@@ -279,8 +279,9 @@ static void phase_gateup(const colibri_layer *L, const cb_job *jobs, int njobs, 
             r0 = (r0 + blk - 1) / blk * blk;
             r1 = r1 >= jb->ex->inter ? jb->ex->inter : (r1 + blk - 1) / blk * blk;
             if (r0 < r1)
-                L->kernels->gateup(L->dtype, &jb->ex->gate, &jb->ex->up, x, L->hidden, jb->tok, jb->ntok,
-                           (int)r0, (int)r1, jb->h, jb->ex->inter, ws);
+                cbk_part_of(L->kernels, L->dtype)->gateup(L->dtype, &jb->ex->gate, &jb->ex->up, x, L->hidden,
+                                                          jb->tok, jb->ntok, (int)r0, (int)r1, jb->h,
+                                                          jb->ex->inter, ws);
         }
         base += cost;
     }
@@ -319,7 +320,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     int max_cols = H > L->inter ? H : L->inter;
     if (S > max_cols) max_cols = S;
     const cbk_kernels *K = L->kernels;
-    const size_t wsb = (K->workspace_bytes(L->dtype, max_cols, T) + 63) / 64 * 64;
+    const size_t wsb = (cbk_part_of(K, L->dtype)->workspace_bytes(L->dtype, max_cols, T) + 63) / 64 * 64;
     size_t bytes = (f_logits + f_w + f_tw + h_floats) * sizeof(float) +
                    (i_idx + i_cnt + i_tok + 2 * i_off) * sizeof(int32_t) +
                    (size_t)(E + 1) * sizeof(cb_job) + (size_t)T;
@@ -363,7 +364,8 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     {
         int lo, hi;
         cb_split_range(E, omp_get_num_threads(), omp_get_thread_num(), 1, &lo, &hi);
-        if (lo < hi) K->rows_acc(COLIBRI_F32, &rmat, x, H, T, tw, tok, lo, hi, logits, E, NULL);
+        if (lo < hi)
+            cbk_part_of(K, COLIBRI_F32)->rows_acc(COLIBRI_F32, &rmat, x, H, T, tw, tok, lo, hi, logits, E, NULL);
     }
     st = colibri_route(logits, T, E, &L->route, isel, wsel, cnt);
     if (st) {
@@ -433,8 +435,8 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
         cb_split_range(H, nth, tid, 16, &c0, &c1); /* 16 floats: threads never share a cache line of y */
         for (int t = 0; t < T; ++t) memset(y + (size_t)t * H + c0, 0, (size_t)(c1 - c0) * sizeof(float));
         for (int j = 0; j < njobs && c0 < c1; ++j)
-            K->rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter, jobs[j].ntok,
-                         jobs[j].tw, jobs[j].tok, c0, c1, y, H, ws);
+            cbk_part_of(K, L->dtype)->rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter,
+                                               jobs[j].ntok, jobs[j].tw, jobs[j].tok, c0, c1, y, H, ws);
     }
     if (guards) {
         int hit = guard_intact(hbuf) ? -2 : -1;

@@ -148,7 +148,7 @@ static int pack_layer(colibri_layer *L) {
     size_t total = 0;
     for (int i = 0; i < 3 * (E + L->has_shared); i++) {
         const cb_mat *m = mat_of(L, i);
-        const size_t pb = K->pack_bytes(L->dtype, m->rows, m->cols);
+        const size_t pb = cbk_part_of(K, L->dtype)->pack_bytes(L->dtype, m->rows, m->cols);
         if (!pb) return COLIBRI_OK; /* one dtype per layer: none of its matrices packs */
         total += (pb + 63) / 64 * 64;
     }
@@ -161,13 +161,13 @@ static int pack_layer(colibri_layer *L) {
     const int n = 3 * (E + L->has_shared);
     for (int i = 0; i < n; i++) { /* the pool hands out memory in order: places first */
         cb_mat *m = mat_of(L, i);
-        m->pk = colibri_pool_alloc(L->pool, K->pack_bytes(L->dtype, m->rows, m->cols), 64);
+        m->pk = colibri_pool_alloc(L->pool, cbk_part_of(K, L->dtype)->pack_bytes(L->dtype, m->rows, m->cols), 64);
         if (!m->pk) return cb_fail(COLIBRI_ERR_NOMEM, "colibri_load_model: packed weights overflow their pool");
     }
 #pragma omp parallel for schedule(dynamic)
     for (int i = 0; i < n; i++) {
         cb_mat *m = mat_of(L, i);
-        K->pack(L->dtype, m->w, m->rows, m->cols, (void *)m->pk);
+        cbk_part_of(K, L->dtype)->pack(L->dtype, m->w, m->rows, m->cols, (void *)m->pk);
         drop_pages(m->w, cb_mat_data_bytes(L->dtype, (size_t)m->rows, (size_t)m->cols));
         m->w = NULL;
     }

@@ -218,8 +218,7 @@ class Tuner:
     def code(self, knobs: dict) -> dict | None:
         """The machine code of a built variant's kernels, function by function (None if it
         cannot be read)."""
-        return codehash.function_hashes(variants.kernel_object(
-            self.work / "variants", self.profile_name, variant_id(knobs)))
+        return variants.kernel_code(self.work / "variants", self.profile_name, variant_id(knobs))
 
     def same_code_as_baseline(self, knobs: dict) -> bool:
         """Whether a built variant has its class default's machine code in every function:

@@ -274,8 +274,8 @@ def _check_outside(t, cand: dict, libs, tuned: set[str], extra) -> dict:
     ids = [variant_id(t.default_assignment), variant_id(cand)]
     table = tables[1]
     sub = None if table == render.DEFAULT_TABLE else table
-    diff = codehash.differing(*(codehash.function_hashes(variants.kernel_object(
-        t.work / "variants", t.profile_name, v, table=sub)) for v in ids))
+    diff = codehash.differing(*(variants.kernel_code(t.work / "variants", t.profile_name, v,
+                                                     table=sub) for v in ids))
     ok = tables[0] == tables[1] and diff == []
     why = ("runs the default build's machine code" if ok else
            f"its layers run kernel table {table!r}, the default build's {tables[0]!r}"

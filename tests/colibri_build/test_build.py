@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from colibri_build import cpuinfo, profiles, render
+from colibri_build import cpuinfo, parts, profiles, render
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,9 +55,12 @@ def test_generic_build_outputs(generic):
     bdir, res, _ = generic
     for name in ("libcolibri.so", "colibri_dump_schema", "build_info.json", "compile_commands.json"):
         assert (bdir / name).is_file(), f"{name} missing:\n{output(res)}"
-    for template in render.template_names():
-        text = (bdir / "gen" / f"{template}.c").read_text()
+    tables = parts.read_tables(bdir / "kernel_tables.json")
+    assert list(tables) == ["default"] and set(tables["default"]) == set(parts.PARTS)
+    for part, sym in tables["default"].items():
+        text = (bdir / "gen" / "parts" / f"{sym}.c").read_text()
         assert text.startswith("/* GENERATED") and "isa=portable" in text.split("*/")[0]
+        assert f"part: {part}" in text.split("*/")[0] and parts.object_path(bdir, sym).is_file()
 
 
 def test_build_info(generic):
@@ -87,7 +90,8 @@ def test_compile_commands(generic):
     bdir, _, _ = generic
     entries = json.loads((bdir / "compile_commands.json").read_text())
     files = {Path(e["file"]).name for e in entries}
-    assert {"expert_ffn.c", "build_info.c"} <= files
+    assert {"kernel_tables.c", "build_info.c"} <= files
+    assert {f"{sym}.c" for sym in parts.read_tables(bdir / "kernel_tables.json")["default"].values()} <= files
     assert {p.name for p in (ROOT / "kernels").glob("*.c")} <= files
     for e in entries:
         assert e["directory"] == str(ROOT) and os.path.isabs(e["file"])
@@ -117,11 +121,20 @@ def test_knob_change_rerenders_only_the_kernels(generic, build_root, tmp_path):
     info = json.loads((bdir / "build_info.json").read_text())
     assert info["knobs"]["isa"] == "scalar" and info["knobs"]["rows"] == 1
     assert info["config"] == {"path": str(config.resolve()), "signature": "0123abcd", "profile": "generic"}
-    assert "isa=scalar" in (bdir / "gen" / "expert_ffn.c").read_text().split("*/")[0]
+    before = parts.read_tables(bdir / "kernel_tables.json")["default"]
+    for sym in before.values():
+        assert "isa=scalar" in (bdir / "gen" / "parts" / f"{sym}.c").read_text().split("*/")[0]
     res = scons("profile=generic", f"build_dir={build_root}", f"config={config}")
     assert "render " not in res.stdout and " -o " not in res.stdout, res.stdout
     res = scons("profile=generic", f"build_dir={build_root}")  # back to the defaults
-    assert res.returncode == 0 and "isa=portable" in res.stdout
+    assert res.returncode == 0, output(res)
+    # the default knobs' parts are still compiled (named by their text): nothing renders or
+    # compiles again but the list of tables
+    assert "render " not in res.stdout and "gen/parts/" not in res.stdout, res.stdout
+    after = parts.read_tables(bdir / "kernel_tables.json")["default"]
+    assert all(before[p] != after[p] for p in parts.PARTS)
+    assert all("isa=portable" in (bdir / "gen" / "parts" / f"{s}.c").read_text().split("*/")[0]
+               for s in after.values())
 
 
 def test_bad_config_is_refused(build_root, tmp_path):

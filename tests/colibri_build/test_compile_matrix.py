@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from colibri_build import cpuinfo, isas, paths, profiles, render
+from colibri_build import cpuinfo, isas, parts, paths, profiles, render
 
 KERNEL = "expert_ffn"
 # kernel isa -> the profiles it is compiled under (its record's compile_under, in
@@ -92,15 +92,21 @@ def _compile(args):
 
 
 def _compiles(tmp_path, cases):
-    """Each case rendered and compiled by the profile's gcc (a cross gcc for another arch)."""
-    jobs, names = [], []
-    for i, (isa, profile, name, knobs) in enumerate(cases):
+    """Each case's parts rendered and compiled by the profile's gcc (a cross gcc for another
+    arch); a part two cases share (the same text) is compiled once."""
+    jobs, names, seen = [], [], set()
+    for isa, profile, name, knobs in cases:
         resolved = profiles.resolve(profiles.get_profile(profile), "gcc")
         assert resolved.compiler.family == "gcc", (profile, resolved.compiler)
-        src = tmp_path / f"{i}.c"
-        src.write_text(render.render(KERNEL, knobs))
-        jobs.append((resolved.compiler.path, src, list(resolved.cflags), tmp_path / f"{i}.o"))
-        names.append(f"{isa}/{profile}/{name}")
+        for part in parts.PARTS:
+            p = parts.render_part(KERNEL, knobs, part)
+            if (profile, p.symbol) in seen:
+                continue
+            seen.add((profile, p.symbol))
+            src = tmp_path / f"{profile}-{p.symbol}.c"
+            src.write_text(p.text)
+            jobs.append((resolved.compiler.path, src, list(resolved.cflags), src.with_suffix(".o")))
+            names.append(f"{isa}/{profile}/{name}/{part}")
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         results = list(pool.map(_compile, jobs))
     failed = [f"{n}:\n{r.stderr[-1500:]}" for n, r in zip(names, results) if r.returncode != 0]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from colibri_build import profiles, render
+from colibri_build import parts, profiles, render
 
 KNOBS_YAML = """\
 knobs:
@@ -166,8 +166,10 @@ def test_every_profile_renders_every_template():
     for name, prof in profiles.load_registry().items():
         by_template = render.resolve_all(specs, prof.knobs, None, prof.kernel_isas, name)
         for template, knobs in by_template.items():
-            text = render.render(template, knobs)
-            assert text.startswith("/* GENERATED") and "{{" not in text, (name, template)
+            for part in parts.PARTS:
+                text = parts.render_part(template, knobs, part).text
+                assert text.startswith("/* GENERATED") and "{{" not in text, (name, template, part)
+                assert parts.PLACEHOLDER not in text, (name, template, part)
 
 
 def test_profile_space_overrides_are_valid():

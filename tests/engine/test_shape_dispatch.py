@@ -65,15 +65,21 @@ def test_a_layer_in_the_tuned_class_runs_its_table_and_others_the_default(tuned)
 
 
 def test_the_class_table_is_other_code_and_the_default_table_the_base_knobs(tuned):
+    from colibri_build import parts
     from tuner.build import codehash
 
-    obj = tuned / "obj"
-    base = codehash.function_hashes(obj / "expert_ffn.os")
-    mine = codehash.function_hashes(obj / f"expert_ffn_{CLASS}.os")
-    assert base and mine
-    assert "cbk_gateup" in base and f"cbk_gateup_{CLASS}" in mine
-    gen = (tuned / "gen" / f"expert_ffn_{CLASS}.c").read_text().split("*/")[0]
-    assert f"kernel table: {CLASS}" in gen and "isa=scalar" in gen and "rows=1" in gen
+    tables = parts.read_tables(tuned / "kernel_tables.json")
+    assert set(tables) == {"default", CLASS}
+    # the class's isa reaches every dtype's part
+    assert [p for p in parts.PARTS if tables["default"][p] == tables[CLASS][p]] == []
+    for p in parts.PARTS:
+        base = codehash.function_hashes(parts.object_path(tuned, tables["default"][p]))
+        mine = codehash.function_hashes(parts.object_path(tuned, tables[CLASS][p]))
+        assert base and mine and codehash.differing(base, mine)
+    gen = (tuned / "gen" / "parts" / f"{tables[CLASS]['f32']}.c").read_text().split("*/")[0]
+    assert "part: f32" in gen and "isa=scalar" in gen and "rows=1" in gen
+    table_c = (tuned / "gen" / "kernel_tables.c").read_text()
+    assert f'cbk_kernels_{CLASS} = {{"{CLASS}", {{&{tables[CLASS]["f32"]},' in table_c
 
 
 def test_a_model_file_layer_picks_its_table_when_loaded(tuned, tmp_path):

@@ -33,7 +33,7 @@ def test_scalar_generic_build_claims_no_wide_registers(built):
     r = isacheck.check_library(built["generic-scalar"])
     assert r.isa == "scalar"                        # read from build_info.json
     assert r.ok is True, r.message
-    assert "cbk_gateup" in r.symbols and "cbk_rows_acc" in r.symbols
+    assert "part_gateup" in r.symbols and "part_rows_acc" in r.symbols
     if X86:
         assert r.found["zmm"] == 0 and r.found["ymm"] == 0
         # generic requires no features: wide registers are forbidden, none promised
@@ -48,7 +48,7 @@ def test_avx512_build_uses_zmm_in_its_kernels(built):
     assert r.ok is True, r.message
     assert r.promised["require"] == ["zmm"] and r.promised["forbid"] == []
     assert r.found["zmm"] > 0
-    assert {"cbk_gateup", "cbk_rows_acc"} <= set(r.symbols)
+    assert {"part_gateup", "part_rows_acc"} <= set(r.symbols)
 
 
 @needs_objdump
@@ -156,7 +156,7 @@ def test_arm_levels_require_their_instructions(tmp_path, monkeypatch, features, 
 
 def test_kernel_prefixes_come_from_the_templates():
     prefixes = isacheck.kernel_prefixes()
-    for name in ("cbk_", "cbk_gateup", "cbk_rows_acc", "gateup_", "rows_acc_", "dot_"):
+    for name in ("cbk_", "part_gateup", "part_rows_acc", "gateup_", "rows_acc_", "dot_"):
         assert name in prefixes
 
 

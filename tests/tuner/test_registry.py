@@ -135,8 +135,8 @@ def slow_templates(tmp_path):
     d = tmp_path / "templates"
     shutil.copytree(ROOT / "templates", d)
     src = (d / "expert_ffn.c.j2").read_text()
-    marker = ("void cbk_gateup{{ sfx }}(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, "
-              "int ldx,\n                const int32_t *tok, int ntok, int r0, int r1, "
+    marker = ("static void part_gateup(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, "
+              "int ldx,\n                        const int32_t *tok, int ntok, int r0, int r1, "
               "float *Hout, int ldh, void *ws) {\n")
     assert marker in src
     inject = "".join(f'{{% if fault == "{k}" %}}    {SLOW % n}\n{{% endif %}}'

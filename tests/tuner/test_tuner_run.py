@@ -19,7 +19,7 @@ FAKE_HOST = {"host_id": "testhost-000000000000", "fingerprint": "f" * 16,
              "bandwidth": {"read": {"1": 10.0, "2": 20.0}}}
 
 FAULTS = {
-    # knob value -> C statement at the top of cbk_gateup (or a syntax error)
+    # knob value -> C statement at the top of every part's part_gateup (or a syntax error)
     "compile": "this is not C;",
     "crash": "{ volatile int *p = 0; *p = 1; }",
     "hang": "{ volatile int spin = 1; while (spin) {} }",
@@ -45,15 +45,16 @@ def make_broken_templates(d: Path) -> Path:
     variants)."""
     shutil.copytree(ROOT / "templates", d)
     src = (d / "expert_ffn.c.j2").read_text()
-    marker = "void cbk_gateup{{ sfx }}(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, int ldx,\n                const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh, void *ws) {\n"
+    marker = ("static void part_gateup(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, int ldx,\n"
+              "                        const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh, void *ws) {\n")
     assert marker in src
     inject = "".join(f'{{% if fault == "{k}" %}}    {v}\n{{% endif %}}' for k, v in FAULTS.items())
-    # after each entry point's dtype switch, before the function's closing brace
-    end, nxt = "    }\n", "}\n\nvoid cbk_rows_acc{{ sfx }}("
+    # after each entry point's paths, before the function's closing brace
+    end, nxt = "    } while (0);\n", "}\n\nstatic void part_rows_acc("
     assert src.count(end + nxt) == 1
     src = src.replace(end + nxt, end + '{% if fault == "wrong" %}' + WRONG + "{% endif %}"
                       + '{% if fault == "oob_scratch" %}' + OOB_SCRATCH + "{% endif %}" + nxt)
-    nxt_acc = "}\n\n{% if table == \"default\" %}/* thread splits"
+    nxt_acc = "}\n\nconst cbk_part {{ part_symbol }}"
     assert src.count(end + nxt_acc) == 1
     src = src.replace(end + nxt_acc, end + '{% if fault == "oob_out" %}' + OOB_OUT + "{% endif %}" + nxt_acc)
     src = src.replace("#include <string.h>\n", "#include <stdlib.h>\n#include <string.h>\n", 1)

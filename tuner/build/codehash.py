@@ -1,7 +1,7 @@
 """Machine code of a rendered kernel object, function by function: two variants whose
 functions are the same bytes cannot differ in speed, so the tuner does not time them.
 
-    hashes = function_hashes("…/variants/<id>/expert_ffn.os")   # {symbol: sha256}
+    hashes = function_hashes("…/obj/parts/cbp_f32_<hash>.os")   # {symbol: sha256}
     differing(a, b)        # the symbols whose code differs ([] = identical code)
 
 An ELF64 relocatable object (what SConstruct compiles a rendered template into, with

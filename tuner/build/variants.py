@@ -1,9 +1,10 @@
 """Build kernel variants through SCons, in batches.
 
 One `scons variants=batch.json -k -jN` run per batch: the hand-written objects are
-compiled once per profile and shared, only the rendered kernels compile per
-variant, SCons runs N compiles in parallel, and a variant already built is rebuilt
-only when its sources changed. A variant that fails to compile is recorded with the
+compiled once per profile and shared, and so is each kernel part (one weight dtype's
+kernels, named by its rendered text: colibri_build/parts.py), so a variant compiles only
+the parts no earlier variant of the run had; SCons runs N compiles in parallel, and a
+variant already built is rebuilt only when its sources changed. A variant that fails to compile is recorded with the
 compiler's own message and the rest of the batch goes on (-k).
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from colibri_build import scons
+from colibri_build import parts, render, scons
 from tuner.build.signature import variant_id
 
 
@@ -40,27 +41,37 @@ def variant_dir(build_dir: Path, profile: str, vid: str) -> Path:
     return Path(build_dir) / profile / "variants" / dir_id(vid)
 
 
-def kernel_object(build_dir: Path, profile: str, vid: str, template: str = "expert_ffn",
-                  table: str | None = None) -> Path:
-    """The compiled rendering of `template` in a variant's build: its base knobs' (table
-    None), or a shape class's (SConstruct's declare_kernels)."""
-    name = template + (f"_{table}" if table else "")
-    return Path(build_dir) / profile / "obj" / "variants" / dir_id(vid) / f"{name}.os"
+def kernel_code(build_dir: Path, profile: str, vid: str, table: str | None = None) -> dict | None:
+    """The machine code of one kernel table of a variant's build (its base knobs' for table
+    None), function by function and keyed "<part>:<symbol>" (codehash.function_hashes of
+    each part's object, which SConstruct lists in the variant's kernel_tables.json); None
+    when something cannot be read."""
+    from tuner.build import codehash
+
+    tables = parts.read_tables(variant_dir(build_dir, profile, vid) / "kernel_tables.json")
+    syms = (tables or {}).get(table or render.DEFAULT_TABLE)
+    if not isinstance(syms, dict) or not syms:
+        return None
+    out = {}
+    for part, sym in sorted(syms.items()):
+        fns = codehash.function_hashes(parts.object_path(Path(build_dir) / profile, sym))
+        if fns is None:
+            return None
+        out.update({f"{part}:{name}": h for name, h in fns.items()})
+    return out
 
 
 def _messages_for(output: str, did: str) -> str:
-    """Lines of the build output that concern one variant (gcc names the file), the
-    renderings it shares with another variant of the batch included (SConstruct's
-    "variant <did> shares <object>": their messages name that variant's files)."""
-    shares = f"variant {did} shares "
+    """Lines of the build output that concern one variant: those naming its directory, and
+    the compiler's messages about the parts it uses (SConstruct's "variant <did> parts: ..."
+    line names them; a part may have been first declared for another variant)."""
+    head = f"variant {did} parts: "
     tags = [f"variants/{did}/"]
     for ln in output.splitlines():
-        # .../obj/variants/<other>/<name>.os, whose source is .../gen/variants/<other>/<name>.c
-        m = re.search(r"(variants/[^/\s]+/[^/\s]+)\.os\s*$", ln) if shares in ln else None
-        if m:
-            tags.append(m.group(1) + ".")
+        if head in ln:
+            tags += [f"parts/{sym}." for sym in ln.split(head, 1)[1].split()]
     lines = [ln for ln in output.splitlines()
-             if (any(t in ln for t in tags) or f"variant {did} " in ln) and " shares " not in ln
+             if (any(t in ln for t in tags) or f"variant {did} " in ln) and head not in ln
              and not ln.startswith(("/usr/bin/", "gcc ", "cc ", "clang ", "render "))]
     return "\n".join(lines[-20:])
 
@@ -80,7 +91,9 @@ def build_batch(profile: str, points: list[dict], build_dir: str | os.PathLike, 
         tmp = batch.with_suffix(".tmp")
         tmp.write_text(json.dumps(todo, sort_keys=True, indent=1))
         os.replace(tmp, batch)
-        targets = [str(build_dir / profile / "variants" / did / "libcolibri.so") for did in todo]
+        # each library, and the list of its parts (kernel_code reads it)
+        targets = [str(build_dir / profile / "variants" / did / name) for did in todo
+                   for name in ("libcolibri.so", "kernel_tables.json")]
         res = scons.run("-k", f"-j{jobs or os.cpu_count() or 1}", f"profile={profile}",
                         f"build_dir={build_dir}", f"variants={batch}", f"cc={cc}", *targets,
                         timeout=timeout_s)
