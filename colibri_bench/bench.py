@@ -35,9 +35,13 @@ rounds' bursts, the machine's capability while that group ran (a neighbour arriv
 mid-run slowed a whole group by 1.2-2x here, and a roof from the start would have
 counted that against the kernels). "% roof" is
 roof time over measured time: for decode that is the share of the read bandwidth, for
-prefill of whichever bound is higher ("roof by" names it). A tuned row marked "(same
-code)" runs, on that shape, the kernel table the default build runs, built from the
-same compiler, flags and knobs: its tuned/default ratio is this machine's noise. Prefill's figure is GFLOP/s. NumPy and PyTorch always run on the f32 weights
+prefill of whichever bound is higher ("roof by" names it).
+Where the tuned library runs, for a row's shape and dtype, the same kernel part as the
+default build (kernel_tables.json: the part's name is the hash of its text) from the same
+compiler and flags, the two run the same machine code: the tuned library is not timed
+there (a tie by construction; --time-same-code times it, and its ratio is then this
+machine's noise, marked "(same code)"). The last line counts those cells and gives the
+range of the others' tuned/default ratios. Prefill's figure is GFLOP/s. NumPy and PyTorch always run on the f32 weights
 (neither has a bf16/int8/int4 matmul a user would reach for), so "vs numpy" on a
 bf16 row is what switching from NumPy f32 to Colibri bf16 buys.
 """
@@ -56,7 +60,7 @@ import numpy as np
 from colibri import _cli, quant
 from colibri._lib import ffi, open_library
 from colibri.layer import _route_config
-from colibri_build import hostid
+from colibri_build import hostid, parts
 from colibri_build.paths import build_dir_default, reports_dir_default
 from tuner.host.peak import KINDS
 from tuner.measure import problems as problems_mod, weights
@@ -96,18 +100,28 @@ class Mapped:
                                                   for i in range(self.count)])
 
 
-def kernel_code(libs: dict, path) -> dict:
-    """Per library, the kernel table its layer of the model file at `path` runs and what
-    that table is built from (compiler, flags, knobs: build_info.json): two libraries whose
-    entries are equal run the same machine code on this shape, so their ratio can only be
-    the machine's noise."""
+def kernel_code(libs: dict, path, dtype: str) -> dict:
+    """Per library, the kernel table its layer of the model file at `path` runs, the part
+    that table runs for `dtype` (kernel_tables.json beside the library; the part's name is
+    the hash of its rendered text) and what it is built from (compiler, flags, and the part,
+    or the knobs where the library has no kernel_tables.json). The hand-written sources
+    read no knob, so two libraries whose built_from entries are equal run the same machine
+    code on this shape and dtype: their ratio could only be the machine's noise."""
     out = {}
     for name, lib in libs.items():
         table = Mapped(path, lib).model.layer_kernels(0)
         info = json.loads(ffi.string(open_library(lib).colibri_build_info()).decode())
+        tables = parts.read_tables(Path(lib).parent / "kernel_tables.json") or {}
+        part = (tables.get(table) or {}).get(dtype)
         knobs = dict(info.get("knobs") or {}, **(info.get("shape_classes") or {}).get(table, {}))
-        out[name] = {"kernels": table, "built_from": [info.get("compiler"), info.get("cflags"), knobs]}
+        out[name] = {"kernels": table, "part": part,
+                     "built_from": [info.get("compiler"), info.get("cflags"), part or knobs]}
     return out
+
+
+def same_code(code: dict) -> bool:
+    """Whether every library in kernel_code's answer runs the same machine code."""
+    return len({json.dumps(c["built_from"], sort_keys=True) for c in code.values()}) == 1
 
 
 def time_colibri(layers: Mapped, xs, threads, min_seconds) -> float:
@@ -410,7 +424,7 @@ def measure_group(name, libs, build, peers, xs, threads_list, rounds, min_second
 
 
 def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=0,
-              build_dir=None, peers=("numpy", "torch"), say=print) -> dict:
+              build_dir=None, peers=("numpy", "torch"), say=print, time_same=False) -> dict:
     build_dir = Path(build_dir or build_dir_default())
     profile = hostid.host_profile_name()
     libs = _libs(build_dir, profile, say)
@@ -448,21 +462,29 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                 copies = resident_copies(p.layer_bytes, llc)
                 path = weights.ensure_model(wdir, p, seed, copies, progress=say)
                 build = lambda name, path=path: Mapped(path, libs[name])  # noqa: E731
-                code = kernel_code(libs, path)
+                code = kernel_code(libs, path, dtype)
+                same = len(libs) > 1 and same_code(code)
+                # identical machine code is a tie by construction: timing it again would only
+                # measure this machine's noise (0.92-1.05 on a 2-vCPU VM)
+                timed = libs if time_same or not same else {"colibri-default": libs["colibri-default"]}
                 pks = {th: [] for th in threads_list}
-                per, bws = measure_group(p.name, libs, build, peer_fns, xs, threads_list, rounds,
+                per, bws = measure_group(p.name, timed, build, peer_fns, xs, threads_list, rounds,
                                          min_seconds, bw_fn, say,
                                          peak_fn(p.dtype) if p.T > 1 else None, pks)
-                same = len({json.dumps(c["built_from"], sort_keys=True) for c in code.values()}) == 1
                 for threads in threads_list:
                     for r in group_rows(p, p32, per[threads], bws[threads], threads,
                                         {name: copies for name in libs}, reached, peaks,
                                         pks[threads]):
                         if r["impl"] in code:
                             r["kernels"] = code[r["impl"]]["kernels"]
+                            r["part"] = code[r["impl"]]["part"]
                             r["same_code"] = same if r["impl"] == "colibri-tuned" else None
                         rows.append(r)
                         say(_fmt(r))
+                        if r["impl"] == "colibri-default" and same and timed is not libs:
+                            r["tuned_same_code"] = {"kernels": code["colibri-tuned"]["kernels"],
+                                                    "part": code["colibri-tuned"]["part"]}
+                            say(_fmt_same(r))
         p = problems_mod.problem(f"{shape}/prefill{ROUTE_T}/f32")
         t_route = time_route(lib, p, ROUTE_T, min_seconds)
         layer_rows = [r for r in rows if r["case"] == p.name and r["impl"] == "colibri-default"]
@@ -472,6 +494,8 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                            "layer_seconds": fastest,
                            "pct_of_layer": 100 * t_route / fastest if fastest else None})
         say(_fmt_route(route_rows[-1]))
+    if len(libs) > 1:
+        say(tuned_summary(rows))
     return {"host_id": hostid.host_id(), "profile": profile,
             "libs": {k: str(v) for k, v in libs.items()}, "amx": amx,
             "blas_env": {k: os.environ.get(k) for k in BLAS_ENV}, "blas": blas_info(),
@@ -536,6 +560,28 @@ def _fmt(r):
             + (" (same code)" if r.get("same_code") else ""))
 
 
+def _fmt_same(r):
+    return (f"{r['case']:34} {r['threads']:>3} {'colibri-tuned':15} not timed: the same machine "
+            f"code as colibri-default ({r['tuned_same_code']['part'] or 'same knobs'}, same "
+            f"compiler and flags)")
+
+
+def tuned_summary(rows) -> str:
+    """One line: how many cells run the default's machine code, and the timed ratios."""
+    same = [r for r in rows if r.get("tuned_same_code") or r.get("same_code")]
+    ratios = [(r["tuned_vs_default"], f"{r['case']} {r['threads']} thr") for r in rows
+              if r.get("tuned_vs_default") is not None and not r.get("same_code")]
+    line = (f"tuned vs default: {len(same)} cell(s) run the default's machine code"
+            + (" (not timed)" if any(r.get("tuned_same_code") for r in same) else "")
+            + f"; {len(ratios)} cell(s) differ")
+    if ratios:
+        lo = min(ratios)
+        below = [c for v, c in ratios if v < MIN_RATIO]
+        line += (f": tuned/default {lo[0]:.3f} ({lo[1]}) to {max(ratios)[0]:.3f}; below "
+                 f"{MIN_RATIO}: {', '.join(below) if below else 'none'}")
+    return line
+
+
 def _fmt_route(r):
     layer = _f(r["layer_seconds"] and r["layer_seconds"] * 1e3, ".2f")
     return (f"routing {r['shape']} T={r['T']} E={r['E']} top-{r['k']}: "
@@ -560,6 +606,9 @@ def main(argv=None) -> int:
                     help="timing per implementation per round (default 0.3)")
     ap.add_argument("--no-numpy", action="store_true", help="skip the NumPy peer")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
+    ap.add_argument("--time-same-code", action="store_true",
+                    help="time the tuned library also on cells where it runs the default "
+                         "build's machine code (default: such a cell is a tie, not timed)")
     ap.add_argument("--out", help="JSON output (default reports/<host-id>/bench.json)")
     ap.add_argument("--keep-blas-env", action="store_true",
                     help=f"keep {' and '.join(BLAS_ENV)} (default: unset them for this run so "
@@ -585,7 +634,7 @@ def main(argv=None) -> int:
         out = run_bench(args.shape or list(REFERENCE_SHAPES), args.dtype or list(quant.DTYPES),
                         args.phase or list(PHASES), args.threads or sorted({1, os.cpu_count() or 1}),
                         args.min_seconds, rounds=args.rounds, peers=peers,
-                        say=lambda m: print(m, flush=True))
+                        say=lambda m: print(m, flush=True), time_same=args.time_same_code)
     except (RuntimeError, MemoryError) as e:
         print(f"bench: {e}", file=sys.stderr)
         return 1

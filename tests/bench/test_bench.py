@@ -135,3 +135,48 @@ def test_a_groups_roof_takes_the_best_burst_of_its_own_rounds():
     assert got == {"f32_fma": {"1": 250.0, "2": 480.0}, "int8_dot": {"2": 820.0}}
     assert group_peaks(start, [], 2) == {"f32_fma": {"1": 250.0, "2": 500.0}, "int8_dot": {"2": 1000.0}}
     assert group_peaks(None, [], 2) is None
+
+
+def test_a_cell_whose_parts_match_is_not_timed_for_the_tuned_library(tmp_path, monkeypatch):
+    """Two copies of the default library; the 'tuned' one's kernel_tables.json names another
+    int8 part. The f32 cell runs the same part from the same compiler and flags in both: the
+    tuned library is not timed there, and the default row says so. The int8 cell differs and
+    is timed; --time-same-code times the f32 cell too, marked same code."""
+    import shutil
+
+    from colibri._lib import current_default_build
+    from colibri_bench import bench
+    from colibri_build import hostid, parts
+
+    src = Path(current_default_build(hostid.host_profile_name(), None))
+    tables = parts.read_tables(src.parent / "kernel_tables.json")
+    libs = {}
+    for name in ("colibri-default", "colibri-tuned"):
+        d = tmp_path / name
+        d.mkdir()
+        shutil.copy2(src, d / "libcolibri.so")
+        t = json.loads(json.dumps(tables))
+        if name == "colibri-tuned":
+            for table in t.values():
+                table["int8"] = table["int8"][:-4] + "beef"
+        (d / "kernel_tables.json").write_text(json.dumps(t))
+        libs[name] = d / "libcolibri.so"
+    monkeypatch.setattr(bench, "_libs", lambda build_dir, profile, say: dict(libs))
+    said = []
+    out = bench.run_bench(["tiny"], ["f32", "int8"], ["decode"], [1], 0.02, rounds=1, peers=(),
+                          say=said.append)
+    rows = {(r["case"], r["impl"]): r for r in out["rows"]}
+    assert ("tiny/decode/f32", "colibri-tuned") not in rows
+    f32 = rows[("tiny/decode/f32", "colibri-default")]
+    assert f32["tuned_same_code"]["part"] == f32["part"] and f32["part"].startswith("cbp_f32_")
+    assert any("not timed: the same machine code" in m and "tiny/decode/f32" in m for m in said)
+    int8 = rows[("tiny/decode/int8", "colibri-tuned")]
+    assert int8["tuned_vs_default"] > 0 and int8["same_code"] is False and int8["part"].endswith("beef")
+    assert "tuned_same_code" not in rows[("tiny/decode/int8", "colibri-default")]
+    assert said[-1].startswith("tuned vs default: 1 cell(s) run the default's machine code "
+                               "(not timed); 1 cell(s) differ: tuned/default ")
+    out = bench.run_bench(["tiny"], ["f32"], ["decode"], [1], 0.02, rounds=1, peers=(),
+                          say=said.append, time_same=True)
+    tuned = next(r for r in out["rows"] if r["impl"] == "colibri-tuned")
+    assert tuned["same_code"] is True and tuned["tuned_vs_default"] > 0
+    assert said[-1] == "tuned vs default: 1 cell(s) run the default's machine code; 0 cell(s) differ"

@@ -191,6 +191,8 @@ def test_killed_run_resumes_without_losing_measurements_and_a_rerun_measures_not
     # the emitted library is what the binding loads by default on this host
     emitted = Path(s2["emitted"]["dir"])
     assert {"config.h", "libcolibri.so", "manifest.json"} <= {p.name for p in emitted.iterdir()}
+    # which part each kernel table runs, for the bench's same-code check
+    assert "default" in json.loads((emitted / "kernel_tables.json").read_text())
     manifest = json.loads((emitted / "manifest.json").read_text())
     assert manifest["knobs"] == s2["winner"]["knobs"] and manifest["summary"]["rows"]
     assert manifest["isa_check"]["ok"] is True

@@ -1,5 +1,5 @@
 """Emit the winner: build/tuned/<host-id>/{config.h, libcolibri.so, build_info.json,
-manifest.json, colibri_dump_schema}. Reads the winner from the run's summary (measured
+kernel_tables.json, manifest.json, colibri_dump_schema}. Reads the winner from the run's summary (measured
 results), never re-measures.
 
 The library is built by `scons profile=<p> config=<that config.h>` into the build root of
@@ -36,7 +36,8 @@ HOST_FIELDS = ("host_id", "fingerprint", "vendor", "model_name", "arch", "microa
                "bandwidth_reason", "compute", "compute_reason", "memory_channels", "memory_channels_reason",
                "memory_total_bytes", "compilers", "profile", "profile_reason")
 
-ARTIFACTS = ("config.h", "libcolibri.so", "build_info.json", "manifest.json", "colibri_dump_schema")
+ARTIFACTS = ("config.h", "libcolibri.so", "build_info.json", "kernel_tables.json", "manifest.json",
+             "colibri_dump_schema")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -162,8 +163,10 @@ def emit(t: Target, knobs: dict, summary: dict) -> dict:
     files: dict[str, str | bytes | Path] = {
         "config.h": config.read_text(), "libcolibri.so": built / "libcolibri.so",
         "build_info.json": json.dumps(info, indent=1, sort_keys=True) + "\n"}
-    if (built / "colibri_dump_schema").exists():
-        files["colibri_dump_schema"] = built / "colibri_dump_schema"
+    # kernel_tables.json names the part each table runs: the bench compares them
+    for name in ("colibri_dump_schema", "kernel_tables.json"):
+        if (built / name).exists():
+            files[name] = built / name
     # the library must use the vector registers its isa knob and profile promise; the
     # verdict goes into the manifest, and `tuner run` fails when it is False
     check = isacheck.check_library(built / "libcolibri.so", isa=knobs.get("isa")).to_dict()
