@@ -1,10 +1,11 @@
 """python -m colibri_bench: bench (the MoE layer beside its peers), ab (two builds of the
-engine, interleaved), soak (memory over a long run) and e2e (whole transformers models,
-patched against unpatched).
+engine, interleaved), soak (memory over a long run), e2e (whole transformers models,
+patched against unpatched) and quant (the weight formats' error).
 `python -m colibri_bench COMMAND --help` documents each; exit status as in
 `python -m tuner` (0 ok, 1 failed, 2 usage)."""
 from __future__ import annotations
 
+import importlib
 import sys
 
 from colibri import _cli
@@ -16,27 +17,16 @@ COMMANDS = {"bench": "the MoE layer side by side with NumPy and PyTorch, tuned a
             "soak": "run a layer over N tokens, creating and freeing layers, and report "
                     "resident memory over time",
             "e2e": "whole transformers models with their MoE blocks on Colibri against unpatched: "
-                   "prefill and decode tokens/s, time inside the MoE blocks"}
+                   "prefill and decode tokens/s, time inside the MoE blocks",
+            "quant": "each weight format's bits per weight and error (weights and a layer's "
+                     "output), with ggml's q4_0/q4_1/q8_0 as references"}
+MODULES = {"quant": "quanterr"}  # a command whose module has another name
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:
-        from colibri_bench import bench
-
-        return bench.main(argv[1:])
-    if argv[:1] == ["ab"]:
-        from colibri_bench import ab
-
-        return ab.main(argv[1:])
-    if argv[:1] == ["e2e"]:
-        from colibri_bench import e2e
-
-        return e2e.main(argv[1:])
-    if argv[:1] == ["soak"]:
-        from colibri_bench import soak
-
-        return soak.main(argv[1:])
+    if argv[:1] and argv[0] in COMMANDS:  # each command is the module of its name
+        return importlib.import_module(f"colibri_bench.{MODULES.get(argv[0], argv[0])}").main(argv[1:])
     # each command has its own parser; this one lists them and refuses anything else
     parser = _cli.Parser(prog="python -m colibri_bench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
