@@ -85,6 +85,27 @@ def test_one_artifact_promotes_nothing_by_default(tmp_path, capsys):
     assert profiles.load_registry(pdir)["zen5"].shapes == {}
 
 
+def test_values_kept_from_an_earlier_promote_keep_their_evidence_lines(tmp_path):
+    """A later promote with too few artifacts leaves the values and the earlier evidence
+    lines, says why once (not once per promote), and another class's lines stay too."""
+    ms = [_manifest(h, {QWEN3: {"rows": 1}, MIXTRAL: {"rows": 2}},
+                    {QWEN3: ["decode"], MIXTRAL: ["decode"]}) for h in ("zen5-aaaa", "zen5-bbbb")]
+    pdir, paths = _setup(tmp_path, ms)
+    assert promote.main(_args(paths, pdir)) == 0
+    first = (pdir / "zen5.yaml").read_text()
+    assert first.count("zen5-aaaa") == 2 and "decode promoted: rows=2" in first
+    _, one = _setup(tmp_path / "b", [_manifest("zen5-cccc", {QWEN3: {"rows": 1}, MIXTRAL: {"rows": 2}},
+                                               {QWEN3: ["decode"]})])
+    for _ in range(2):
+        assert promote.main(_args(one, pdir)) == 0
+        text = (pdir / "zen5.yaml").read_text()
+        assert yaml.safe_load(text)["shapes"] == yaml.safe_load(first)["shapes"]
+        assert text.count("zen5-aaaa") == 2 and "zen5-cccc" not in text
+        assert "decode promoted: rows=1" in text and "decode promoted: rows=2" in text
+        assert text.count(promote.NOT_AGAIN + "1 artifact(s), fewer than the 2 asked for") == 2
+    assert set(promote.previous_comments(text)) == {QWEN3, MIXTRAL}
+
+
 def test_a_disagreement_keeps_what_the_profile_has(tmp_path):
     ms = [_manifest("zen5-aaaa", {QWEN3: {"rows": 1}}, {QWEN3: ["decode"]}),
           _manifest("zen5-bbbb", {QWEN3: {"rows": 1}}, {QWEN3: ["decode"]})]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -161,12 +162,41 @@ def _flow(d: dict) -> str:
     return "{" + ", ".join(f"{k}: {v}" for k, v in sorted(d.items())) + "}"
 
 
-def shapes_block(decision: dict, current: dict) -> str:
+NOT_AGAIN = "#   not promoted again: "
+
+
+def previous_comments(text: str) -> dict[str, list[str]]:
+    """Per shape class, the comment lines a promote wrote for it in a profile's text (its
+    header line and the evidence under it)."""
+    out, sc = {}, None
+    for line in (text.split(MARKER, 1)[1] if MARKER in text else "").splitlines():
+        m = re.match(r"# (\S+) \(", line)
+        if m:
+            sc = m.group(1)
+            out[sc] = [line]
+        elif sc and line.startswith("#   "):
+            if not line.startswith(NOT_AGAIN):
+                out[sc].append(line)
+        else:
+            sc = None
+    return out
+
+
+def shapes_block(decision: dict, current: dict, previous: dict | None = None) -> str:
     """The `shapes:` block of the profile: the decision's classes, and the profile's other
-    classes as they were."""
+    classes as they were. A class whose values stay as they were (another class, or too few
+    artifacts this time) keeps its earlier evidence lines (`previous`, previous_comments)."""
+    previous = previous or {}
     lines = [MARKER]
     values = dict(current)
-    for sc, rec in decision.items():
+    for sc in sorted(set(current) | set(decision)):
+        rec = decision.get(sc)
+        if rec is None:
+            lines += previous.get(sc, [])
+            continue
+        if rec.get("why") and previous.get(sc) and rec["values"] == current.get(sc):
+            lines += previous[sc] + [NOT_AGAIN + rec["why"]]
+            continue
         lines.append(f"# {sc} ({rec['sizes']}; {', '.join(rec['shapes'])}), "
                      f"{rec['artifacts']} artifact(s):")
         for ev in rec["evidence"]:
@@ -231,7 +261,7 @@ def main(args: argparse.Namespace) -> int:
     spec = render.load_knob_spec(KERNEL)
     base = render.resolve_knobs(spec, prof.knobs, None, prof.kernel_isas)
     decision = decide(evs, base, spec.classes(), prof.shapes, args.min_artifacts)
-    block = shapes_block(decision, prof.shapes)
+    block = shapes_block(decision, prof.shapes, previous_comments(Path(prof.path).read_text()))
     res = {"profile": prof_name, "skipped": skipped, "decision": decision, "block": block,
            "written": None}
     if not args.dry_run and evs:
