@@ -17,18 +17,24 @@ _ZEN5 = profiles.get_profile("zen5")
 BASE = render.resolve_knobs(render.load_knob_spec("expert_ffn"), _ZEN5.knobs, None, _ZEN5.kernel_isas)
 
 
-def _manifest(host: str, per_class: dict, tuned: dict, when: float = 1.7e9) -> dict:
+def _manifest(host: str, per_class: dict, tuned: dict, when: float = 1.7e9,
+              measured=(QWEN3, MIXTRAL)) -> dict:
     """A tuned manifest of profile zen5: per_class {shape class: knob values}, tuned {shape
-    class: the knob classes the run adopted}."""
+    class: the knob classes the run adopted}, measured: the shape classes whose decode
+    class the run measured."""
     knobs = shapes.join(dict(BASE, rows=4), per_class)
     cells = [{"problem": "qwen3-30b-a3b/decode/int8", "threads": 2, "status": "ok", "median": 1.3,
               "lo": 1.2, "hi": 1.4, "rounds": 3, "shape_class": QWEN3, "owners": ["decode"]}]
+    # the run measured the decode class on both shape classes (measured: which ones)
+    verdicts = [{"shape_class": sc, "class": "decode", "knobs": ["rows", "tok_block", "unroll"],
+                 "winner": {"knobs": shapes.for_class(knobs, sc), "is_default": "decode" not in tuned.get(sc, [])}}
+                for sc in measured]
     return {"profile": "zen5", "created": when, "host": {"host_id": host},
             "knobs": knobs, "gate": {"cells": cells},
             "summary": {"shape_classes": {sc: {"shapes": [name], "tuned_classes": tuned.get(sc, [])}
                                           for sc, name in ((QWEN3, "qwen3-30b-a3b"),
                                                            (MIXTRAL, "mixtral-8x7b"))},
-                        "classes": []}}
+                        "classes": verdicts}}
 
 
 def _args(paths, pdir, **kw):
@@ -63,6 +69,8 @@ def test_values_every_artifact_agrees_on_are_promoted_with_their_evidence(tmp_pa
     assert data["shapes"] == {QWEN3: {"rows": 1}}
     assert "keep decode: the artifacts disagree" in out and "rows=2,tok_block=2,unroll=1 on 2" in out
     assert "zen5-aaaa" in text and "gate 1.30-1.30x" in text and "decode promoted: rows=1" in text
+    assert "zen5-cccc 2023-11-14: measured decode; adopted decode, gate" in text  # Qwen3's class
+    assert "zen5-cccc 2023-11-14: measured decode; adopted nothing" in text       # Mixtral's
     prof = profiles.load_registry(pdir)["zen5"]
     assert prof.shapes == {QWEN3: {"rows": 1}}
     # SConstruct builds it: the class's knobs resolve and validate like the base ones
@@ -104,6 +112,28 @@ def test_values_kept_from_an_earlier_promote_keep_their_evidence_lines(tmp_path)
         assert "decode promoted: rows=1" in text and "decode promoted: rows=2" in text
         assert text.count(promote.NOT_AGAIN + "1 artifact(s), fewer than the 2 asked for") == 2
     assert set(promote.previous_comments(text)) == {QWEN3, MIXTRAL}
+
+
+def test_a_value_an_artifact_only_carried_is_no_vote(tmp_path, capsys):
+    """Two artifacts run Mixtral's class with rows=2 but measured only Qwen3's: nothing is
+    promoted for Mixtral from them; where an earlier promote set it, it stays, marked as
+    not measured by these artifacts."""
+    ms = [_manifest(h, {QWEN3: {"rows": 1}, MIXTRAL: {"rows": 2}}, {QWEN3: ["decode"]},
+                    measured=(QWEN3,)) for h in ("zen5-aaaa", "zen5-bbbb")]
+    pdir, paths = _setup(tmp_path, ms)
+    assert promote.main(_args(paths, pdir)) == 0
+    assert profiles.load_registry(pdir)["zen5"].shapes == {QWEN3: {"rows": 1}}
+    # an earlier promote, from artifacts that measured both
+    pdir2, both = _setup(tmp_path / "b", [_manifest(h, {QWEN3: {"rows": 1}, MIXTRAL: {"rows": 2}},
+                                                    {QWEN3: ["decode"], MIXTRAL: ["decode"]})
+                                          for h in ("zen5-cccc", "zen5-dddd")])
+    assert promote.main(_args(both, pdir2)) == 0
+    capsys.readouterr()
+    assert promote.main(_args(paths, pdir2)) == 0
+    assert "keep decode: these artifacts did not measure it" in capsys.readouterr().out
+    text = (pdir2 / "zen5.yaml").read_text()
+    assert profiles.load_registry(pdir2)["zen5"].shapes == {QWEN3: {"rows": 1}, MIXTRAL: {"rows": 2}}
+    assert "#   decode promoted: rows=2" + promote.UNMEASURED in text
 
 
 def test_a_disagreement_keeps_what_the_profile_has(tmp_path):

@@ -112,6 +112,11 @@ def read(path: str) -> dict:
 
 # ---------------------------------------------------------------- deciding
 
+def _measured(e: dict, sc: str, cls: str) -> bool:
+    """Whether the artifact's run measured knob class cls on shape class sc."""
+    return any(c.get("shape_class") == sc and c.get("class") == cls for c in e.get("classes") or [])
+
+
 def decide(evs: list[dict], profile_knobs: dict, classes: dict[str, tuple], current: dict,
            min_artifacts: int = MIN_ARTIFACTS) -> dict:
     """Per shape class the artifacts tuned: the values to promote and their evidence, or why
@@ -122,12 +127,14 @@ def decide(evs: list[dict], profile_knobs: dict, classes: dict[str, tuple], curr
         mine = [e for e in evs if sc in e["shape_classes"]]
         names = sorted({s for e in mine for s in e["shape_classes"][sc].get("shapes", [])})
         rec = {"shapes": names, "sizes": shapes.describe(sc), "artifacts": len(mine),
-               "promote": {}, "kept": {}, "evidence": []}
+               "promote": {}, "kept": {}, "unmeasured": [], "evidence": []}
         for e in mine:
             cells = [c for c in e["gate_cells"] if c.get("shape_class") == sc and c.get("median")]
             rec["evidence"].append({
                 "host": e["host"]["host_id"], "date": e["date"],
-                "classes": e["shape_classes"][sc].get("tuned_classes", []),
+                "measured": [c["class"] for c in e.get("classes") or [] if c.get("shape_class") == sc],
+                "adopted": [c["class"] for c in e.get("classes") or []
+                            if c.get("shape_class") == sc and c.get("adopted")],
                 "ratios": [min(c["median"] for c in cells), max(c["median"] for c in cells)]
                 if cells else None})
         if len(mine) < min_artifacts:
@@ -136,20 +143,30 @@ def decide(evs: list[dict], profile_knobs: dict, classes: dict[str, tuple], curr
             out[sc] = rec
             continue
         for cls, ks in classes.items():
-            vals = [tuple(shapes.for_class(e["knobs"], sc).get(k) for k in ks) for e in mine]
+            # an artifact votes on a class it measured for this shape class (a verdict), not
+            # on values it only carried from the profile
+            voters = [e for e in mine if _measured(e, sc, cls)]
+            if not voters:
+                if any(k in current.get(sc, {}) for k in ks):
+                    rec["unmeasured"].append(cls)
+                continue
+            vals = [tuple(shapes.for_class(e["knobs"], sc).get(k) for k in ks) for e in voters]
             base = tuple(profile_knobs.get(k) for k in ks)
-            if len(set(vals)) == 1 and vals[0] != base and None not in vals[0]:
+            if len(voters) < min_artifacts:
+                rec["kept"][cls] = (f"measured by {len(voters)} artifact(s), fewer than the "
+                                    f"{min_artifacts} asked for")
+            elif len(set(vals)) == 1 and vals[0] != base and None not in vals[0]:
                 rec["promote"][cls] = {k: v for k, v in zip(ks, vals[0]) if profile_knobs.get(k) != v}
             elif len(set(vals)) > 1:
                 seen = {}
-                for e, v in zip(mine, vals):
+                for e, v in zip(voters, vals):
                     seen.setdefault(v, []).append(e["host"]["host_id"])
                 rec["kept"][cls] = "the artifacts disagree: " + "; ".join(
                     f"{','.join(f'{k}={x}' for k, x in zip(ks, v))} on {len(h)} ({', '.join(sorted(set(h)))})"
                     for v, h in seen.items())
         values = {k: v for d in rec["promote"].values() for k, v in d.items()}
-        # a class the artifacts disagree on keeps what the profile has for it
-        for cls in rec["kept"]:
+        # a class the artifacts disagree on, or did not measure, keeps what the profile has
+        for cls in [*rec["kept"], *rec["unmeasured"]]:
             values.update({k: v for k, v in current.get(sc, {}).items() if k in classes[cls]})
         rec["values"] = values
         out[sc] = rec
@@ -163,6 +180,7 @@ def _flow(d: dict) -> str:
 
 
 NOT_AGAIN = "#   not promoted again: "
+UNMEASURED = " (by an earlier promote; these artifacts did not measure it)"
 
 
 def previous_comments(text: str) -> dict[str, list[str]]:
@@ -201,7 +219,8 @@ def shapes_block(decision: dict, current: dict, previous: dict | None = None) ->
                      f"{rec['artifacts']} artifact(s):")
         for ev in rec["evidence"]:
             r = ev["ratios"]
-            lines.append(f"#   {ev['host']} {ev['date']}: tuned {', '.join(ev['classes']) or 'nothing'}"
+            lines.append(f"#   {ev['host']} {ev['date']}: measured {', '.join(ev['measured']) or 'nothing'}; "
+                         f"adopted {', '.join(ev['adopted']) or 'nothing'}"
                          + (f", gate {r[0]:.2f}-{r[1]:.2f}x" if r else ""))
         if rec.get("why"):
             lines.append(f"#   not promoted: {rec['why']}")
@@ -209,6 +228,10 @@ def shapes_block(decision: dict, current: dict, previous: dict | None = None) ->
             lines.append(f"#   {cls} kept: {why}")
         for cls, vals in rec["promote"].items():
             lines.append(f"#   {cls} promoted: {', '.join(f'{k}={v}' for k, v in vals.items())}")
+        for cls in rec.get("unmeasured", []):
+            earlier = [ln for ln in previous.get(sc, []) if ln.startswith(f"#   {cls} promoted: ")]
+            lines += [ln.split(UNMEASURED)[0] + UNMEASURED for ln in earlier] or \
+                [f"#   {cls} kept as it was{UNMEASURED}"]
         if rec["values"]:
             values[sc] = rec["values"]
         else:
@@ -292,7 +315,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"  promote {cls}: {', '.join(f'{k}={v}' for k, v in vals.items())}")
         for cls, why in rec["kept"].items():
             print(f"  keep {cls}: {why}")
-        if not rec["promote"] and not rec["kept"] and not rec.get("why"):
+        for cls in rec.get("unmeasured", []):
+            print(f"  keep {cls}: these artifacts did not measure it")
+        if not rec["promote"] and not rec["kept"] and not rec["unmeasured"] and not rec.get("why"):
             print("  every artifact kept the defaults: nothing to promote")
     if res["written"]:
         print(f"written: {res['written']['profile']} (evidence in {res['written']['evidence']})")
