@@ -83,11 +83,22 @@ def _limit(mem_bytes: int | None):
     return apply
 
 
+# NumPy's BLAS in the worker computes the reference, untimed, with one thread: its idle
+# threads spin on the cores for a while after each call, and on a 2-CPU host the timing
+# that follows a reference ran 1.5-4x slow for its first ~0.1 s (quick screening times a
+# variant for 0.05 s). These variables are read by BLAS libraries only, not by OpenMP.
+BLAS_ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "BLIS_NUM_THREADS": "1"}
+
+
+def worker_env() -> dict:
+    return dict(os.environ, PYTHONHASHSEED="0", **BLAS_ONE_THREAD)
+
+
 def _spawn(job: dict, timeout_s: float, mem_bytes: int | None):
     """Run `python -m tuner.measure.worker` on the job: (stdout, stderr, returncode, timed out)."""
     proc = subprocess.Popen([sys.executable, "-m", "tuner.measure.worker"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_limit(mem_bytes), env=dict(os.environ, PYTHONHASHSEED="0"))
+                            preexec_fn=_limit(mem_bytes), env=worker_env())
     try:
         out, err = proc.communicate(json.dumps(job), timeout=timeout_s)
         return out, err, proc.returncode, False
@@ -319,7 +330,7 @@ class Session:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tuner.measure.worker"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._err, bufsize=0,
-            preexec_fn=_limit(self._mem), env=dict(os.environ, PYTHONHASHSEED="0"))
+            preexec_fn=_limit(self._mem), env=worker_env())
         self._pending = b""  # bytes read from the child's stdout past the last whole line
         self._send(self._job)
         # loading and verifying: every library's layers and the reference calls
