@@ -22,7 +22,7 @@ typedef size_t (*cbk_workspace_fn)(int dtype, int max_cols, int max_tokens);
  * table reads that dtype in its stored layout; and the packing of such a matrix (its
  * stored data, cb_mat's w) into dst (cb_mat's pk). */
 typedef size_t (*cbk_pack_bytes_fn)(int dtype, int rows, int cols);
-typedef void (*cbk_pack_fn)(int dtype, const void *src, int rows, int cols, void *dst);
+typedef void (*cbk_pack_fn)(int dtype, const void *src, const float *scales, int rows, int cols, void *dst);
 
 /* One weight dtype's kernels as the template renders them (a "part", gen/parts/<symbol>.c):
  * the functions take the dtype for the callers' convenience and serve only their own. */

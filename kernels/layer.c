@@ -90,7 +90,7 @@ static int copy_mat(colibri_pool *pool, const cbk_kernels *K, int dtype, const v
     size_t n = pb ? pb : cb_mat_data_bytes(dtype, rows, cols);
     void *w = colibri_pool_alloc(pool, n, CB_ALIGN);
     if (!w) return COLIBRI_ERR_NOMEM;
-    if (pb) cbk_part_of(K, dtype)->pack(dtype, src, (int)rows, (int)cols, w);
+    if (pb) cbk_part_of(K, dtype)->pack(dtype, src, scales, (int)rows, (int)cols, w);
     else memcpy(w, src, n);
     out->w = pb ? NULL : w;
     out->pk = pb ? w : NULL;

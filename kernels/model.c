@@ -167,7 +167,7 @@ static int pack_layer(colibri_layer *L) {
 #pragma omp parallel for schedule(dynamic)
     for (int i = 0; i < n; i++) {
         cb_mat *m = mat_of(L, i);
-        cbk_part_of(K, L->dtype)->pack(L->dtype, m->w, m->rows, m->cols, (void *)m->pk);
+        cbk_part_of(K, L->dtype)->pack(L->dtype, m->w, m->scales, m->rows, m->cols, (void *)m->pk);
         drop_pages(m->w, cb_mat_data_bytes(L->dtype, (size_t)m->rows, (size_t)m->cols));
         m->w = NULL;
     }

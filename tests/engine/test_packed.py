@@ -1,13 +1,13 @@
-"""Packed int8 weights (layout_int8=interleaved, templates/expert_ffn/packed.j2): a library
-built with the layout packs a layer's int8 experts at create and a model file's at load, and
-computes what the stored-layout library computes, within int8's tolerance, at every token
-count (decode, prefill, many tokens per expert)."""
+"""Packed int8 and int4 weights (layout_int8/layout_int4=interleaved,
+templates/expert_ffn/packed.j2): a library built with the layouts packs a layer's int
+experts at create and a model file's at load, and computes what the stored-layout library
+computes, within the dtype's tolerance, at every token count (decode, prefill, many tokens
+per expert)."""
 import numpy as np
 import pytest
 from moe_data import assert_engine, make_case
 
 import colibri
-from colibri import quant
 from colibri._lib import build_profile
 from colibri.model import Model
 from colibri.modelfile import save_model
@@ -26,37 +26,35 @@ def packed_lib(tmp_path_factory):
     name = hostid.host_profile_name()
     prof = profiles.get_profile(name)
     if not _packs_here(prof):
-        pytest.skip(f"profile {name} has no int dot product here: int8 stays in its stored layout")
+        pytest.skip(f"profile {name} has no int dot product here: int weights stay in their stored layout")
     d = tmp_path_factory.mktemp("packed")
-    cfg = render.write_config_h(d / "config.h", {"layout_int8": "interleaved", "vec_rows": 2},
+    cfg = render.write_config_h(d / "config.h", {"layout_int8": "interleaved", "layout_int4": "interleaved",
+                                                   "vec_rows": 2},
                                 signature="0", profile=name)
     return build_profile(name, config=cfg, build_dir=d / "build", quiet=True)
 
 
-def _layer(d, held=False):
-    out = dict(router=d.router, gate=d.gate, up=d.up, down=d.down)
-    if held:
-        for k in ("gate", "up", "down"):
-            out[k] = quant.roundtrip(out[k], "int8")
-    return out
+DTYPES = pytest.mark.parametrize("dtype", ["int8", "int4"])
 
 
-def test_a_layer_packs_at_create_and_computes_right(packed_lib):
+@DTYPES
+def test_a_layer_packs_at_create_and_computes_right(packed_lib, dtype):
     # rows and columns off every block and group size, a shared expert, odd token counts
     case = make_case(H=67, I=45, E=8, k=3, S=21, gated=True, seed=11)
-    L = colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype="int8",
+    L = colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype=dtype,
                          lib=packed_lib, **case.layer_kwargs())
     for T in (1, 2, 3, 7, 40, 130):
         x = case.inputs(T, seed=T)
-        assert_engine(L(x), case.reference(x, "int8"), "int8")
+        assert_engine(L(x), case.reference(x, dtype), dtype)
 
 
-def test_a_model_file_packs_at_load_and_matches_the_layer(packed_lib, tmp_path):
+@DTYPES
+def test_a_model_file_packs_at_load_and_matches_the_layer(packed_lib, tmp_path, dtype):
     case = make_case(H=96, I=80, E=4, k=2, seed=12)
     d = dict(router=case.router, gate=case.gate, up=case.up, down=case.down, top_k=2)
     p = tmp_path / "m.colibri"
-    save_model(p, [d], weight_dtype="int8")
-    L = colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype="int8",
+    save_model(p, [d], weight_dtype=dtype)
+    L = colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype=dtype,
                          top_k=2, lib=packed_lib)
     with Model.load(p, lib=packed_lib) as m:
         # packed into a pool at load: no longer read from the file's pages
@@ -67,4 +65,4 @@ def test_a_model_file_packs_at_load_and_matches_the_layer(packed_lib, tmp_path):
             np.testing.assert_array_equal(m(x), want)
     with Model.load(p) as m:  # the stored-layout library reads the same file in place
         x = case.inputs(5, seed=5)
-        assert_engine(m(x) - x, case.reference(x, "int8"), "int8")
+        assert_engine(m(x) - x, case.reference(x, dtype), dtype)
