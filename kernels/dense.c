@@ -1,5 +1,6 @@
 /* dense.c — one dense weight matrix (a linear projection, y = W x): the single-expert case
- * of the expert kernels. Threads split the rows, aligned to the kernels' register block;
+ * of the expert kernels (in the default table's packed layout for the dtype where it has
+ * one). Threads split the rows, aligned to the kernels' register block;
  * every thread runs cbk_rows_acc on its rows for all tokens (the gemm path from its
  * dtype's threshold of tokens on, the dot kernels below it). */
 #include <omp.h>
@@ -37,16 +38,23 @@ colibri_dense *colibri_dense_create(int rows, int cols, int weight_dtype, const 
         cb_fail(COLIBRI_ERR_INVALID, "dense weights%s must not be NULL", ns ? " and scales" : "");
         return NULL;
     }
+    /* packed once, here, where the default table reads the dtype in a layout of its own
+     * (as a layer's experts are): the same kernels then serve the matrix */
+    const cbk_part *part = cbk_part_of(&cbk_kernels_default, weight_dtype);
+    const size_t pb = part->pack_bytes(weight_dtype, rows, cols);
+    const size_t wb = pb ? pb : nb;
     colibri_dense *d = calloc(1, sizeof *d);
-    const size_t at = (nb + 63) / 64 * 64, bytes = at + ns * sizeof(float);
+    const size_t at = (wb + 63) / 64 * 64, bytes = at + ns * sizeof(float);
     if (!d || posix_memalign(&d->mem, 64, bytes ? bytes : 64)) {
         free(d);
         cb_fail(COLIBRI_ERR_NOMEM, "out of memory for a %zu-byte dense matrix", bytes);
         return NULL;
     }
-    memcpy(d->mem, w, nb);
+    if (pb) part->pack(weight_dtype, w, scales, rows, cols, d->mem);
+    else memcpy(d->mem, w, nb);
     if (ns) memcpy((char *)d->mem + at, scales, ns * sizeof(float));
-    d->m = (cb_mat){d->mem, ns ? (const float *)(const void *)((char *)d->mem + at) : NULL, rows, cols, NULL};
+    d->m = (cb_mat){pb ? NULL : d->mem, ns ? (const float *)(const void *)((char *)d->mem + at) : NULL, rows, cols,
+                    pb ? d->mem : NULL};
     d->dtype = weight_dtype;
     d->weight_bytes = bytes;
     return d;
@@ -86,7 +94,8 @@ int colibri_dense_forward(colibri_dense *d, const float *x, float *y, int T, int
     int32_t *tok = (int32_t *)(void *)scratch;
     float *tw = (float *)(void *)(tok + T);
     for (int t = 0; t < T; ++t) tok[t] = t, tw[t] = 1.0f;
-    const int blk = cbk_rows_block;
+    /* a packed matrix computes whole blocks of 16 rows: splits on them compute none twice */
+    const int blk = d->m.pk ? 16 : cbk_rows_block;
 #pragma omp parallel num_threads(nt)
     {
         const int tid = omp_get_thread_num();

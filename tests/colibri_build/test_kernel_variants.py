@@ -83,10 +83,15 @@ def _knobs(corner):
     k["prefill_vec_rows"] = 2 if i % 4 == 0 and k["prefill_tok_block"] <= 2 else 1
     k["prefill_kc_int8"] = (128, 256, 1024, 4096)[i // 2 % 4]
     k["vec_prefetch_int8"] = (0, 2048, 4096, 8192)[(i // 2 + 1) % 4]
-    # packed int4 on corners 0 and 3 mod 4 (so with both vec_rows) and on AVX2
-    k["layout_int4"] = "interleaved" if i % 4 in (0, 3) or k["isa"] == "avx2" else "rows"
-    k["prefill_kc_int4"] = (128, 256, 1024, 4096)[i % 4]
-    k["vec_prefetch_int4"] = (0, 2048, 4096, 8192)[(i + 1) % 4]
+    # packed int4 on all but corners 3 mod 4 (so with both block shapes, and on the
+    # icelake-server and zen4 corners that run on a Zen 4 host)
+    k["layout_int4"] = "interleaved" if i % 4 != 3 or k["isa"] == "avx2" else "rows"
+    k["prefill_kc_int4"] = (128, 256, 1024, 4096)[(i // 2) % 4]
+    k["vec_prefetch_int4"] = (0, 2048, 4096, 8192)[(i // 2 + 1) % 4]
+    # where packed experts switch to the int gemm, every value among the packed corners (32:
+    # the shared expert of tuner verify's 40-token case takes that path)
+    k["pk_gemm_min_tokens_int4"] = {6: 32, 13: 64, 5: 128, 8: 256, 9: 4096}.get(i, 128)
+    k["pk_gemm_min_tokens_int8"] = {6: 32, 8: 64, 10: 256, 12: 4096, 14: 128}.get(i, 128)
     return k
 
 
@@ -206,11 +211,11 @@ def test_corners_cover_every_knob_value():
     # packed int8 and its register blocks, where the target has an int dot product
     packed = [k for k in vnni if k["layout_int8"] == "interleaved"]
     assert {k["layout_int8"] for k in vnni} == set(spec.knobs["layout_int8"].values)
-    for name in ("vec_rows", "prefill_vec_rows", "prefill_kc_int8", "vec_prefetch_int8"):
+    for name in ("vec_rows", "prefill_vec_rows", "prefill_kc_int8", "vec_prefetch_int8", "pk_gemm_min_tokens_int8"):
         assert {k[name] for k in packed} == set(spec.knobs[name].values), name
     packed4 = [k for k in vnni if k["layout_int4"] == "interleaved"]
     assert {k["layout_int4"] for k in vnni} == set(spec.knobs["layout_int4"].values)
-    for name in ("vec_rows", "prefill_vec_rows", "prefill_kc_int4", "vec_prefetch_int4"):
+    for name in ("vec_rows", "prefill_vec_rows", "prefill_kc_int4", "vec_prefetch_int4", "pk_gemm_min_tokens_int4"):
         assert {k[name] for k in packed4} == set(spec.knobs[name].values), name
     for c in CORNERS:
         render.validate_knobs(spec, _knobs(c))

@@ -8,6 +8,7 @@ import pytest
 from moe_data import assert_engine, make_case
 
 import colibri
+from colibri import quant
 from colibri._lib import build_profile
 from colibri.model import Model
 from colibri.modelfile import save_model
@@ -43,7 +44,9 @@ def test_a_layer_packs_at_create_and_computes_right(packed_lib, dtype):
     case = make_case(H=67, I=45, E=8, k=3, S=21, gated=True, seed=11)
     L = colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype=dtype,
                          lib=packed_lib, **case.layer_kwargs())
-    for T in (1, 2, 3, 7, 40, 130):
+    # ... up to experts past pk_gemm_min_tokens (128 by default): the int gemm on tiles
+    # copied out of the packed blocks
+    for T in (1, 2, 3, 7, 40, 130, 420):
         x = case.inputs(T, seed=T)
         assert_engine(L(x), case.reference(x, dtype), dtype)
 
@@ -66,3 +69,20 @@ def test_a_model_file_packs_at_load_and_matches_the_layer(packed_lib, tmp_path, 
     with Model.load(p) as m:  # the stored-layout library reads the same file in place
         x = case.inputs(5, seed=5)
         assert_engine(m(x) - x, case.reference(x, dtype), dtype)
+
+
+@DTYPES
+def test_a_dense_matrix_packs_and_computes_right(packed_lib, dtype):
+    # colibri.Linear packs in the default table's layout too: rows off the 16-row blocks,
+    # thread splits inside a block, every token path, against NumPy on the weights as held
+    # (tolerances: tests/engine/test_linear.py's, the activations are quantized too)
+    rtol = {"int8": 2e-2, "int4": 3e-2}[dtype]
+    rng = np.random.default_rng(5)
+    for rows, cols in ((37, 67), (300, 130)):
+        W = rng.standard_normal((rows, cols), dtype=np.float32)
+        ref_w = quant.roundtrip(W, dtype).astype(np.float64)
+        with colibri.Linear(W, weight_dtype=dtype, lib=packed_lib, threads=3) as lin:
+            for T in (1, 2, 7, 40, 300):
+                x = rng.standard_normal((T, cols), dtype=np.float32)
+                ref = x.astype(np.float64) @ ref_w.T
+                assert np.linalg.norm(lin(x) - ref) / np.linalg.norm(ref) <= rtol, (rows, T)
