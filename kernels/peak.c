@@ -14,7 +14,8 @@
  *      f32_fma   fused multiply-add on f32 vectors (AVX-512: vfmadd231ps zmm, 32 per
  *                instruction; AVX2: ymm, 16; elsewhere the compiler's vector a*b+c)
  *      bf16_dot  vdpbf16ps zmm: 32 bf16 pairs into 16 f32 lanes, 64 per instruction
- *      int8_dot  vpdpbusd zmm (AVX-512 VNNI, 128 per instruction) or ymm (AVX-VNNI, 64)
+ *      int8_dot  vpdpbusd zmm (AVX-512 VNNI, 128 per instruction) or ymm (AVX-VNNI, 64);
+ *                AVX2 alone: vpmaddubsw + vpmaddwd + vpaddd ymm, 64 per triple
  *      amx_bf16  tdpbf16ps on 16x32 by 32x16 tiles: 16384 per instruction
  *      amx_int8  tdpbssd on 16x64 by 64x16 tiles: 32768 per instruction
  *    A unit this build's flags do not enable, or AMX that Linux does not grant, is
@@ -151,6 +152,37 @@ static double loop_int8(double *ops) {
 #else
 #define INT8_INSTR "vpdpbusd ymm (AVX-VNNI)"
 #endif
+#elif defined(__AVX2__)
+/* AVX2 alone: the kernels' dot product (templates/expert_ffn/isa/avx2.j2), 32 byte
+ * products per vpmaddubsw, widened by vpmaddwd and added; 8 accumulators (plus the
+ * temporaries and constants, within the 16 ymm registers: the chain through an accumulator
+ * is one vpaddd). In asm, so that the constant product is not hoisted out of the loop. */
+#define CB_ACC8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+static double loop_int8(double *ops) {
+    const __m256i x = _mm256_set1_epi8(3), y = _mm256_set1_epi8(-2), one = _mm256_set1_epi16(1);
+#define INIT(i) __m256i a##i = _mm256_set1_epi32(i);
+#define STEP(i)                                                                                  \
+    {                                                                                            \
+        __m256i t;                                                                               \
+        __asm__("vpmaddubsw %2, %3, %1\n\tvpmaddwd %4, %1, %1\n\tvpaddd %1, %0, %0"              \
+                : "+x"(a##i), "=&x"(t) : "x"(y), "x"(x), "x"(one));                              \
+    }
+    CB_ACC8(INIT)
+    for (int it = 0; it < CB_PEAK_ITERS * CB_PEAK_REPS * 2; ++it) {
+        CB_ACC8(STEP)
+    }
+#define SUM(i) s = _mm256_add_epi32(s, a##i);
+    __m256i s = _mm256_setzero_si256();
+    CB_ACC8(SUM)
+    *ops = 2.0 * 32 * 8 * 2.0 * (double)CB_PEAK_ITERS * CB_PEAK_REPS;
+    int32_t out[8];
+    memcpy(out, &s, sizeof out);
+    return (double)out[0];
+#undef INIT
+#undef STEP
+#undef SUM
+}
+#define INT8_INSTR "vpmaddubsw+vpmaddwd ymm (AVX2)"
 #endif
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__) && defined(__linux__)
@@ -224,11 +256,11 @@ static double (*peak_loop(int kind, const char **instr, const char **why))(doubl
         return NULL;
 #endif
     case COLIBRI_PEAK_INT8_DOT:
-#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__) || defined(__AVX2__)
         *instr = INT8_INSTR;
         return loop_int8;
 #else
-        *why = "this build has no int8 dot instruction (AVX512_VNNI or AVX-VNNI)";
+        *why = "this build has no int8 dot instruction (AVX512_VNNI, AVX-VNNI or AVX2's vpmaddubsw)";
         return NULL;
 #endif
     default:

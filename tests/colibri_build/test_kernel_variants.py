@@ -42,6 +42,9 @@ CORNERS = [
     ("neon", "neoverse-v2", 1, 2, 1, 8192, 2048, 1024, 1, 4, 2, 8192, 3, 1, 512, 4, 4, 1, 0, 1024, 16, 0),
     # AVX2 with AVX-VNNI on a host that runs it: the int gemm and packed int8 on 8-lane vectors
     ("avx2", "zen5", 1, 2, 2, 2048, 8192, 4096, 2, 2, 1, 4096, 2, 1, 256, 8, 2, 1, 0, 512, 64, 1),
+    # AVX2 alone (zen3's flags): the int gemm on the vpmaddubsw dot, int weights in their row
+    # layouts (the x86-64-v3 corner packs them)
+    ("avx2", "zen3", 4, 1, 2, 512, 2048, 1024, 2, 4, 1, 2048, 3, 2, 128, 16, 3, 2, 0, 256, 64, 0),
 ]
 KNOBS = ["isa", "rows", "tok_block", "unroll", "prefetch", "prefetch_int8", "prefetch_int4",
          "prefill_rows", "prefill_tok_block", "prefill_unroll", "prefill_prefetch_f32",
@@ -78,14 +81,17 @@ def _knobs(corner):
     k["gemm_mmla_bf16"], k["gemm_mmla_int8"] = i % 2, 1 - i % 2
     # packed int8 on even corners and on AVX2 (its 8-row vectors), its blocks of rows by
     # the corner's index (within the register constraint on each class's tokens)
-    k["layout_int8"] = "interleaved" if i % 2 == 0 or k["isa"] == "avx2" else "rows"
+    # (the zen3 corner keeps both row layouts: the AVX2 dot's int gemm on the stored rows)
+    avx2_packs = k["isa"] == "avx2" and corner[1] != "zen3"
+    rows_only = corner[1] == "zen3"
+    k["layout_int8"] = "interleaved" if (i % 2 == 0 or avx2_packs) and not rows_only else "rows"
     k["vec_rows"] = 2 if i % 4 in (0, 1) else 1
     k["prefill_vec_rows"] = 2 if i % 4 == 0 and k["prefill_tok_block"] <= 2 else 1
     k["prefill_kc_int8"] = (128, 256, 1024, 4096)[i // 2 % 4]
     k["vec_prefetch_int8"] = (0, 2048, 4096, 8192)[(i // 2 + 1) % 4]
     # packed int4 on all but corners 3 mod 4 (so with both block shapes, and on the
     # icelake-server and zen4 corners that run on a Zen 4 host)
-    k["layout_int4"] = "interleaved" if i % 4 != 3 or k["isa"] == "avx2" else "rows"
+    k["layout_int4"] = "interleaved" if (i % 4 != 3 or avx2_packs) and not rows_only else "rows"
     k["prefill_kc_int4"] = (128, 256, 1024, 4096)[(i // 2) % 4]
     k["vec_prefetch_int4"] = (0, 2048, 4096, 8192)[(i // 2 + 1) % 4]
     # where packed experts switch to the int gemm, every value among the packed corners (32:
