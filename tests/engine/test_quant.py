@@ -62,6 +62,22 @@ def test_int4_rounding_bound_and_layout():
     assert quant.stored_bytes("int4", 40, 77) == q.nbytes + s.nbytes
 
 
+@pytest.mark.parametrize("fn", [quant.quantize_int8, quant.quantize_int4])
+def test_quantizers_work_row_by_row(fn):
+    """A matrix in slices of rows (the quantizers' cache blocking) quantizes as each of its
+    rows does alone: leading dimensions, a row count off the slice size, zero rows, a
+    ragged last group and a transposed (non-contiguous) input."""
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((3, 600, 70)) * rng.uniform(0, 4, (3, 600, 1))).astype(np.float32)
+    a[1, 7] = 0.0
+    for m in (a, np.ascontiguousarray(a[0].T).T):
+        q, s = fn(m)
+        for idx in np.ndindex(m.shape[:-1]):
+            qr, sr = fn(np.ascontiguousarray(m[idx])[None])
+            np.testing.assert_array_equal(q[idx], qr[0])
+            np.testing.assert_array_equal(s[idx], sr[0])
+
+
 def test_activation_quantization_bound():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((7, 100)).astype(np.float32) * 5
