@@ -147,17 +147,17 @@ class MoELayer:
         for n, (stored, scales) in encoded.items():
             if n not in shapes:
                 raise ValueError(f"unknown weight {n!r}")
-            if weight_dtype == "int4":  # packed rows: 16 bytes per group of 32
-                g = quant.int4_groups(shapes[n][-1])
-                shapes[n] = shapes[n][:-1] + (g * 16,)
+            cols = shapes[n][-1]
+            shapes[n] = shapes[n][:-1] + (quant.stored_width(weight_dtype, cols),)  # int4/int4k: bytes
             if not isinstance(stored, np.ndarray) or stored.dtype != want:
                 raise TypeError(f"{n} must be a {np.dtype(want).name} array for {weight_dtype}")
             if stored.shape != shapes[n] or not stored.flags.c_contiguous:
                 raise ValueError(f"{n} must be C-contiguous with shape {list(shapes[n])}")
-            if weight_dtype == "int8":
-                f32_array(f"{n} scales", scales, shapes[n][:-1])
-            elif weight_dtype == "int4":
-                f32_array(f"{n} scales", scales, shapes[n][:-1] + (g,))
+            want_scales = quant.scales_shape(weight_dtype, shapes[n][:-1], cols)
+            if want_scales is not None:
+                f32_array(f"{n} scales", scales, want_scales)
+            elif scales is not None:
+                raise TypeError(f"{n}: {weight_dtype} weights have no scales (got an array)")
         if shared_expert_gate is not None:
             shared_expert_gate = _gate_vector(shared_expert_gate, H)
         self = cls.__new__(cls)

@@ -31,7 +31,7 @@ class Linear:
     @classmethod
     def from_encoded(cls, stored, scales, cols, *, weight_dtype, threads=None, lib=None) -> "Linear":
         """From weights already in `weight_dtype` (colibri.quant.encode's pair), cols the
-        unpacked row length (int4 rows hold ceil(cols/32) * 16 bytes)."""
+        unpacked row length (int4 and int4k rows are bytes: quant.stored_width)."""
         if weight_dtype not in quant.DTYPES:
             raise ValueError(f"weight_dtype must be one of {quant.DTYPES}, got {weight_dtype!r}")
         cols = positive_int("cols", cols)
@@ -41,13 +41,14 @@ class Linear:
         rows = stored.shape[0]
         if rows < 1:
             raise ValueError("stored must have at least one row")
-        width = quant.int4_groups(cols) * 16 if weight_dtype == "int4" else cols
+        width = quant.stored_width(weight_dtype, cols)
         if stored.shape[1] != width or not stored.flags.c_contiguous:
             raise ValueError(f"stored must be C-contiguous with shape {[rows, width]}")
-        if weight_dtype == "int8":
-            f32_array("scales", scales, (rows,))
-        elif weight_dtype == "int4":
-            f32_array("scales", scales, (rows, quant.int4_groups(cols)))
+        want_scales = quant.scales_shape(weight_dtype, (rows,), cols)
+        if want_scales is not None:
+            f32_array("scales", scales, want_scales)
+        elif scales is not None:
+            raise TypeError(f"{weight_dtype} weights have no scales (got an array)")
         self = cls.__new__(cls)
         self._create(stored, scales, cols, weight_dtype, threads, lib)
         return self

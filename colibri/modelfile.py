@@ -1,4 +1,4 @@
-"""Writing and reading Colibri model files (format v1, FORMAT.md).
+"""Writing and reading Colibri model files (format v2, reads v1 too; FORMAT.md).
 
 `save_model` writes a stack of MoE layers that share one set of dimensions;
 `read_header` and `read_layers` read a file back in pure Python (for tests and
@@ -23,7 +23,8 @@ import numpy as np
 from . import quant
 
 MAGIC = 0xCAFE1234
-VERSION = 1
+VERSION = 2  # written; v2 adds weight dtype 4 (int4k). Read: 1 and 2
+MIN_VERSION = 1
 HEADER_BYTES = 128
 HEADER_CRC_BYTES = 104  # the header CRC covers bytes 0 .. 103
 TENSOR_ENTRY_BYTES = 48
@@ -80,7 +81,7 @@ KIND_NAMES = ("router", "gate", "up", "down", "shared_gate", "shared_up", "share
 KIND = {name: i for i, name in enumerate(KIND_NAMES)}
 SCORING = {"softmax": 0, "softmax_topk": 1}
 SCORING_NAMES = {v: k for k, v in SCORING.items()}
-DTYPE_NAMES = quant.DTYPES  # code -> name: ("f32", "bf16", "int8", "int4")
+DTYPE_NAMES = quant.DTYPES  # code -> name: ("f32", "bf16", "int8", "int4", "int4k")
 
 _HEADER = struct.Struct("<10If7I4QI20x")
 _ENTRY = struct.Struct("<IIQQQQII")
@@ -254,6 +255,8 @@ def _payload(kind: int, a: np.ndarray, wdtype: int) -> tuple[int, bytes]:
         return 0, a.astype("<f4", copy=False).tobytes()
     if wdtype == 1:
         return 1, quant.to_bf16(a).astype("<u2", copy=False).tobytes()
+    if wdtype == 4:  # int4k: rows of super-blocks, scales inside
+        return 4, np.ascontiguousarray(quant.quantize_int4k(a)).tobytes()
     if wdtype == 3:  # int4: packed groups (a multiple of 16 bytes per row), then the scales
         q, s = quant.quantize_int4(a)
         return 3, np.ascontiguousarray(q).tobytes() + np.asarray(s, dtype="<f4").tobytes()
@@ -572,6 +575,9 @@ def _decode(buf, t: dict) -> np.ndarray:
         return np.frombuffer(buf, "<f4", n, off).reshape(rows, cols).astype(np.float32)
     if t["dtype"] == 1:
         return quant.from_bf16(np.frombuffer(buf, "<u2", n, off).reshape(rows, cols))
+    if t["dtype"] == 4:
+        rb = quant.int4k_row_bytes(cols)
+        return quant.dequantize_int4k(np.frombuffer(buf, np.uint8, rows * rb, off).reshape(rows, rb), cols)
     if t["dtype"] == 3:
         ng = quant.int4_groups(cols)
         q = np.frombuffer(buf, np.uint8, rows * ng * 16, off).reshape(rows, ng * 16)

@@ -1,5 +1,7 @@
-"""Weight formats: f32 -> bf16, int8 (symmetric, one scale per row) and int4
-(symmetric, one scale per group of 32 along a row, packed for the kernel), and back.
+"""Weight formats: f32 -> bf16, int8 (symmetric, one scale per row), int4
+(symmetric, one scale per group of 32 along a row, packed for the kernel) and int4k
+(4.5 bits per weight: per group of 32 a 6-bit scale and min, f16 super-block scales),
+and back.
 
 One implementation, used by the layer binding and the model-file writer, so the
 bytes the engine streams are the bytes the tests dequantize.
@@ -8,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-DTYPES = ("f32", "bf16", "int8", "int4")
-DTYPE_CODES = {"f32": 0, "bf16": 1, "int8": 2, "int4": 3}
-STORED_DTYPES = {"f32": np.float32, "bf16": np.uint16, "int8": np.int8, "int4": np.uint8}
+DTYPES = ("f32", "bf16", "int8", "int4", "int4k")
+DTYPE_CODES = {"f32": 0, "bf16": 1, "int8": 2, "int4": 3, "int4k": 4}
+STORED_DTYPES = {"f32": np.float32, "bf16": np.uint16, "int8": np.int8, "int4": np.uint8,
+                 "int4k": np.uint8}
 
 # Worst-case element error of each format, as a bound the tests check:
 # bf16 keeps 8 significant bits (7 stored), so round-to-nearest errs by at most 2^-8 relative;
@@ -113,6 +116,66 @@ def dequantize_int4(packed: np.ndarray, scales: np.ndarray, cols: int) -> np.nda
     return np.ascontiguousarray(w[..., :cols])
 
 
+# int4k: a row is super-blocks of up to INT4K_SUPER groups of 32, each a 16-byte header
+# and then its groups' 16 bytes of nibbles q (0..15, int4's byte order); a group's weights
+# are d * sc * q - dmin * mn. Header words (little-endian uint32): bits 4j..4j+3 of h0 and
+# h1 are group j's codes sc and mn, low 4 bits; bits 4j..4j+1 of h2 sc's top 2 bits and
+# 4j+2..4j+3 mn's; h3 is f16 d (low half) and f16 dmin (high half). kernels/internal.h
+# and FORMAT.md say the same; the fit is C's (kernels/int4k.c, colibri_quantize_int4k).
+INT4K_SUPER = 8
+
+
+def int4k_row_bytes(cols: int) -> int:
+    ng = int4_groups(cols)
+    return 16 * (-(-ng // INT4K_SUPER) + ng)
+
+
+def quantize_int4k(a: np.ndarray, lib=None) -> np.ndarray:
+    """[..., rows, cols] float32 -> uint8 [..., rows, int4k_row_bytes(cols)] (in C: the
+    fit runs on the library's threads)."""
+    from ._lib import check, ffi, open_library  # the fit is the engine's
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    cols = a.shape[-1]
+    flat = a.reshape(-1, cols)
+    out = np.empty((flat.shape[0], int4k_row_bytes(cols)), np.uint8)
+    if flat.shape[0]:
+        lib = open_library(lib)
+        check(lib, lib.colibri_quantize_int4k(ffi.from_buffer("float[]", flat), flat.shape[0], cols,
+                                              ffi.from_buffer("uint8_t[]", out, require_writable=True), 0),
+              "colibri_quantize_int4k")
+    return out.reshape(a.shape[:-1] + (out.shape[-1],))
+
+
+def dequantize_int4k(stored: np.ndarray, cols: int) -> np.ndarray:
+    """The float32 weights [..., rows, cols] of quantize_int4k's output."""
+    stored = np.asarray(stored, dtype=np.uint8)
+    lead = stored.shape[:-1]
+    rows = stored.reshape(-1, stored.shape[-1])
+    ng = int4_groups(cols)
+    nsb = -(-ng // INT4K_SUPER)
+    if rows.shape[1] != int4k_row_bytes(cols):
+        raise ValueError(f"int4k rows of {cols} weights are {int4k_row_bytes(cols)} bytes, got {rows.shape[1]}")
+    w = np.empty((rows.shape[0], ng * INT4_GROUP), np.float32)
+    at = 0
+    for sb in range(nsb):
+        n = min(INT4K_SUPER, ng - sb * INT4K_SUPER)
+        h = rows[:, at:at + 16].copy().view("<u4")                       # [rows, 4]
+        d = (h[:, 3] & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32)
+        dmin = (h[:, 3] >> 16).astype(np.uint16).view(np.float16).astype(np.float32)
+        sh = 4 * np.arange(n, dtype=np.uint32)
+        t0, t1, t2 = (h[:, i:i + 1] >> sh for i in range(3))              # [rows, n]
+        sc = (t0 & 15) | (t2 & 3) << 4
+        mn = (t1 & 15) | (t2 & 12) << 2
+        b = rows[:, at + 16:at + 16 + 16 * n].reshape(-1, n, 16)
+        q = np.concatenate([b & 15, b >> 4], axis=-1).astype(np.float32)  # [rows, n, 32]
+        a_ = (d[:, None] * sc.astype(np.float32))[..., None]
+        m_ = (dmin[:, None] * mn.astype(np.float32))[..., None]
+        k0 = sb * INT4K_SUPER * INT4_GROUP
+        w[:, k0:k0 + n * INT4_GROUP] = (a_ * q - m_).reshape(rows.shape[0], -1)
+        at += 16 + 16 * n
+    return np.ascontiguousarray(w[:, :cols].reshape(lead + (cols,)))
+
+
 def quantize_activations(x: np.ndarray) -> np.ndarray:
     """What the int4 kernels multiply instead of x [..., cols]: x quantized to int8
     per group of 32 (scale = max|group| / 127, round to nearest even) and scaled back,
@@ -134,16 +197,37 @@ def quantize_activations(x: np.ndarray) -> np.ndarray:
 
 # What the kernels of a dtype do to activations before each matrix (the reference
 # applies the same to compare arithmetic, not formats).
-ACTIVATION_ROUNDING = {"int8": quantize_activations, "int4": quantize_activations}
+ACTIVATION_ROUNDING = {"int8": quantize_activations, "int4": quantize_activations,
+                       "int4k": quantize_activations}
 
 
 def stored_bytes(dtype: str, rows: int, cols: int) -> int:
     """Bytes the engine streams for one [rows, cols] matrix: data plus its scales."""
     if dtype == "int4":
         return rows * int4_groups(cols) * (16 + 4)
+    if dtype == "int4k":
+        return rows * int4k_row_bytes(cols)
     if dtype == "int8":
         return rows * cols + rows * 4
     return rows * cols * {"f32": 4, "bf16": 2}[dtype]
+
+
+def stored_width(dtype: str, cols: int) -> int:
+    """The last dimension of a stored [rows, cols] matrix: int4 and int4k rows are bytes."""
+    if dtype == "int4":
+        return int4_groups(cols) * 16
+    if dtype == "int4k":
+        return int4k_row_bytes(cols)
+    return cols
+
+
+def scales_shape(dtype: str, lead: tuple, cols: int) -> tuple | None:
+    """The shape of the scales of stored weights [*lead, cols]; None: the dtype has none."""
+    if dtype == "int8":
+        return tuple(lead)
+    if dtype == "int4":
+        return tuple(lead) + (int4_groups(cols),)
+    return None
 
 
 def encode(a: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -158,12 +242,14 @@ def encode(a: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray | None]:
     if dtype == "int4":
         q, s = quantize_int4(a)
         return np.ascontiguousarray(q), np.ascontiguousarray(s)
+    if dtype == "int4k":
+        return quantize_int4k(a), None
     raise ValueError(f"weight_dtype must be one of {DTYPES}, got {dtype!r}")
 
 
 def decode(stored: np.ndarray, scales: np.ndarray | None, dtype: str,
            cols: int | None = None) -> np.ndarray:
-    """The float32 weights the engine computes with (int4 needs the row length, cols)."""
+    """The float32 weights the engine computes with (int4 and int4k need the row length, cols)."""
     if dtype == "f32":
         return np.asarray(stored, dtype=np.float32)
     if dtype == "bf16":
@@ -172,6 +258,8 @@ def decode(stored: np.ndarray, scales: np.ndarray | None, dtype: str,
         return dequantize_int8(stored, scales)
     if dtype == "int4":
         return dequantize_int4(stored, scales, cols)
+    if dtype == "int4k":
+        return dequantize_int4k(stored, cols)
     raise ValueError(f"weight_dtype must be one of {DTYPES}, got {dtype!r}")
 
 

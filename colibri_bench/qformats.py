@@ -74,6 +74,13 @@ K4_SUPER, K4_SUB = 256, 32
 K4_SHRINK = (1.0, 0.95, 0.9, 0.85, 0.8)  # starting ranges, as fractions of max - min
 
 
+def _assign(x, s, m):
+    """q of x against w = s q - m (0 where s is 0), as kernels/int4k.c: times 1 / s"""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(s > 0, 1.0 / s, 0.0)
+    return np.clip(np.rint((x + m) * inv), 0, 15)
+
+
 def _fit_sub(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per sub-block (last axis of x) the scale s >= 0 and offset m >= 0 of w = s q - m,
     q in 0..15, with the least squared error found from a few starting ranges."""
@@ -84,8 +91,7 @@ def _fit_sub(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for shrink in K4_SHRINK:
         s, m = (hi - lo) * shrink / 15.0, -lo * shrink
         for _ in range(2):
-            with np.errstate(divide="ignore", invalid="ignore"):
-                q = np.clip(np.rint(np.where(s > 0, (x + m) / s, 0.0)), 0, 15)
+            q = _assign(x, s, m)
             # least squares of x on [q, -1], with m kept >= 0
             n = x.shape[-1]
             sq, sx = q.sum(-1, keepdims=True), x.sum(-1, keepdims=True)
@@ -98,8 +104,7 @@ def _fit_sub(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             s = np.where(m_ls >= 0, s_ls, s_0)
             m = np.where(m_ls >= 0, m_ls, 0.0)
             s = np.maximum(s, 0.0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            q = np.clip(np.rint(np.where(s > 0, (x + m) / s, 0.0)), 0, 15)
+        q = _assign(x, s, m)
         e = ((s * q - m - x) ** 2).sum(-1, keepdims=True)
         better = e < best_e
         best_s, best_m, best_e = (np.where(better, s, best_s), np.where(better, m, best_m),
@@ -117,8 +122,7 @@ def k4(a: np.ndarray) -> np.ndarray:
         sc = np.clip(np.rint(np.where(d > 0, s / d, 0.0)), 0, 63)
         mn = np.clip(np.rint(np.where(dmin > 0, m / dmin, 0.0)), 0, 63)
     s, m = d * sc, dmin * mn
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.clip(np.rint(np.where(s > 0, (x + m) / s, 0.0)), 0, 15)
+    q = _assign(x, s, m)
     return _unblock((s * q - m).reshape(b.shape), cols)
 
 

@@ -55,10 +55,15 @@ typedef enum {
     COLIBRI_BF16 = 1, /* upper 16 bits of an IEEE float, round-to-nearest-even */
     COLIBRI_INT8 = 2, /* symmetric, one float scale per output row: w = q * scale; the
                        * kernels quantize activations to int8 per group of 32 (as int4) */
-    COLIBRI_INT4 = 3  /* symmetric, one float scale per group of 32 along a row; a row is
+    COLIBRI_INT4 = 3, /* symmetric, one float scale per group of 32 along a row; a row is
                        * ceil(cols/32) groups of 16 bytes: byte j = (q[j] + 8) | (q[16+j] + 8) << 4,
                        * q in [-7, 7], w = q * scale (padding weights q = 0). The kernels
                        * also quantize activations to int8 per group of 32 (FORMAT.md) */
+    COLIBRI_INT4K = 4 /* 4.5 bits per weight, no separate scales: a row is super-blocks of
+                       * up to 8 groups of 32, each a 16-byte header (6-bit scale and min
+                       * codes per group, f16 d and dmin) and then its groups' 16 bytes of
+                       * nibbles q in [0, 15]: w = d * sc * q - dmin * mn (FORMAT.md,
+                       * colibri_quantize_int4k writes it) */
 } colibri_dtype;
 
 typedef enum {
@@ -197,7 +202,17 @@ int colibri_dense_forward(colibri_dense *dense, const float *x, float *y, int n_
 size_t colibri_dense_weight_bytes(const colibri_dense *dense);
 void colibri_dense_free(colibri_dense *dense);
 
-/* ---- model files (format v1, see FORMAT.md) ---- */
+/* ---- int4k: the 4.5-bit format (COLIBRI_INT4K) ---- */
+/* Bytes of one row of cols weights in int4k. */
+size_t colibri_int4k_row_bytes(int cols);
+/* Quantizes w [rows, cols] (float32, row-major) into out (rows * colibri_int4k_row_bytes(cols)
+ * bytes): per group of 32 the scale and min of the least squared error over a few starting
+ * ranges, rounded to 6 bits against the super-block's f16 d and dmin. NaN or Inf in a
+ * super-block makes it NaN; a super-block whose scale overflows f16 fails the call
+ * (COLIBRI_ERR_INVALID, out then partly written). n_threads 0 = library default. */
+int colibri_quantize_int4k(const float *w, int rows, int cols, void *out, int n_threads);
+
+/* ---- model files (format v2, reads v1; see FORMAT.md) ---- */
 typedef struct colibri_model colibri_model;
 /* Maps the file read-only and validates it; NULL with a message naming the
  * field and byte offset on any defect. */

@@ -28,7 +28,7 @@ colibri_dense *colibri_dense_create(int rows, int cols, int weight_dtype, const 
         return NULL;
     }
     if (!cb_dtype_valid(weight_dtype)) {
-        cb_fail(COLIBRI_ERR_INVALID, "weight_dtype %d is not 0 (f32), 1 (bf16), 2 (int8) or 3 (int4)",
+        cb_fail(COLIBRI_ERR_INVALID, "weight_dtype %d is not 0 (f32), 1 (bf16), 2 (int8), 3 (int4) or 4 (int4k)",
                 weight_dtype);
         return NULL;
     }

@@ -26,7 +26,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: %s FILE\n"
             "Print the header, slot table and tensor table of a Colibri model file\n"
-            "(format v1, see FORMAT.md) and check every tensor's CRC-32.\n"
+            "(format v1 or v2, see FORMAT.md) and check every tensor's CRC-32.\n"
             "Exit status: 0 valid, 1 broken file (the defect and its byte offset on\n"
             "stderr), 2 usage error.\n",
             prog);

@@ -20,7 +20,7 @@ int cb_fail(int status, const char *fmt, ...) {
     return status;
 }
 
-int cb_dtype_valid(int dtype) { return dtype >= COLIBRI_F32 && dtype <= COLIBRI_INT4; }
+int cb_dtype_valid(int dtype) { return dtype >= COLIBRI_F32 && dtype <= COLIBRI_INT4K; }
 
 size_t cb_mat_data_bytes(int dtype, size_t rows, size_t cols) {
     switch (dtype) {
@@ -28,6 +28,7 @@ size_t cb_mat_data_bytes(int dtype, size_t rows, size_t cols) {
     case COLIBRI_BF16: return rows * cols * 2;
     case COLIBRI_INT8: return rows * cols;
     case COLIBRI_INT4: return rows * ((cols + CB_INT4_GROUP - 1) / CB_INT4_GROUP) * 16;
+    case COLIBRI_INT4K: return rows * cb_k4_row_bytes(cols);
     default: return 0;
     }
 }

@@ -2,6 +2,9 @@
 #ifndef COLIBRI_INTERNAL_H
 #define COLIBRI_INTERNAL_H
 
+#include <math.h>
+#include <string.h>
+
 #include "colibri.h"
 
 /* One weight matrix [rows, cols] of the layer's dtype; scales for int8 (one per row)
@@ -43,6 +46,50 @@ int cb_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3
 void cb_clear_error(void);
 
 #define CB_INT4_GROUP 32
+
+/* int4k (COLIBRI_INT4K): a row is super-blocks of up to CB_K4_SUPER groups of 32 weights,
+ * each a 16-byte header and then its groups' 16 bytes of nibbles (quant.py's int4 order:
+ * byte j holds k = j low, 16 + j high). The header's four little-endian words: bits
+ * 4j..4j+3 of h[0] and h[1] are group j's 6-bit scale code sc and min code mn, low 4 bits;
+ * bits 4j..4j+1 of h[2] are sc's top 2 bits and 4j+2..4j+3 mn's; h[3] is f16 d (low half)
+ * and f16 dmin (high half). A weight is d * sc * q - dmin * mn, q the nibble. */
+#define CB_K4_SUPER 8
+static inline size_t cb_k4_row_bytes(size_t cols) {
+    const size_t ng = (cols + CB_INT4_GROUP - 1) / CB_INT4_GROUP;
+    return 16 * ((ng + CB_K4_SUPER - 1) / CB_K4_SUPER + ng);
+}
+/* IEEE half <-> float, round to nearest even (written out: no compiler half type needed) */
+static inline float cb_f16_to_f32(uint32_t h) {
+    const uint32_t s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    uint32_t w;
+    if (e == 0x1F) w = s | 0x7F800000u | (m << 13);          /* Inf, NaN */
+    else if (e) w = s | ((e + 112) << 23) | (m << 13);      /* normal */
+    else if (!m) w = s;                                     /* zero */
+    else {                                                  /* subnormal: m * 2^-24 */
+        float f = (float)m * 5.9604644775390625e-8f;
+        memcpy(&w, &f, 4);
+        w |= s;
+    }
+    float f;
+    memcpy(&f, &w, 4);
+    return f;
+}
+static inline uint16_t cb_f32_to_f16(float f) {
+    uint32_t w;
+    memcpy(&w, &f, 4);
+    const uint32_t s = (w >> 16) & 0x8000u, a = w & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return (uint16_t)(s | 0x7E00u);    /* NaN */
+    if (a >= 0x477FF000u) return (uint16_t)(s | 0x7C00u);   /* rounds past 65504: Inf */
+    if (a >= 0x38800000u) {                                 /* normal half */
+        const uint32_t r = a + 0xFFFu + ((a >> 13) & 1);     /* round to nearest even */
+        return (uint16_t)(s | ((r - 0x38000000u) >> 13));
+    }
+    /* subnormal half (or zero): the value in units of 2^-24, rounded to nearest even */
+    float v;
+    memcpy(&v, &a, 4);
+    v *= 16777216.0f;
+    return (uint16_t)(s | (uint32_t)lrintf(v));
+}
 
 /* Is dtype one the engine knows (colibri_dtype)? */
 int cb_dtype_valid(int dtype);

@@ -43,8 +43,11 @@ struct cbk_kernels {
     const cbk_part *part[4];
 };
 
-/* dtype: a valid colibri_dtype (the layer and model loaders check it) */
-static inline const cbk_part *cbk_part_of(const cbk_kernels *K, int dtype) { return K->part[dtype]; }
+/* dtype: a valid colibri_dtype (the layer and model loaders check it); */
+/* int4k runs in the int4 part: the same knobs and dot products, its own scale decode */
+static inline const cbk_part *cbk_part_of(const cbk_kernels *K, int dtype) {
+    return K->part[dtype == COLIBRI_INT4K ? COLIBRI_INT4 : dtype];
+}
 
 /* The default table's functions (the router, dense layers and colibri.Linear call them). */
 void cbk_gateup(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, int ldx,

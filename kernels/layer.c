@@ -118,7 +118,7 @@ static int check_desc(const colibri_layer_desc *d) {
                        CB_MAX_DIM);
     if (!cb_dtype_valid(d->weight_dtype))
         return cb_fail(COLIBRI_ERR_INVALID,
-                       "weight_dtype %d is not 0 (f32), 1 (bf16), 2 (int8) or 3 (int4)",
+                       "weight_dtype %d is not 0 (f32), 1 (bf16), 2 (int8), 3 (int4) or 4 (int4k)",
                        d->weight_dtype);
     int st = cb_route_config_check(&d->route, d->n_experts);
     if (st) return st;

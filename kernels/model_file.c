@@ -95,6 +95,7 @@ const char *cb_mf_dtype_name(uint32_t dtype) {
     case COLIBRI_BF16: return "bf16";
     case COLIBRI_INT8: return "int8";
     case COLIBRI_INT4: return "int4";
+    case COLIBRI_INT4K: return "int4k";
     default: return "unknown";
     }
 }
@@ -145,6 +146,10 @@ int cb_mf_payload_bytes(uint32_t dtype, uint64_t rows, uint64_t cols, uint64_t *
             return -1;
         break;
     }
+    case COLIBRI_INT4K: /* super-blocks of a 16-byte header and up to 8 groups of 16 bytes per row */
+        if (cols > (1u << 20) || __builtin_mul_overflow(rows, (uint64_t)cb_k4_row_bytes((size_t)cols), &bytes))
+            return -1;
+        break;
     default:
         return -2;
     }
@@ -195,9 +200,9 @@ static int check_header(cb_model_file *mf) {
     if (h->magic != CB_MF_MAGIC)
         return mf_fail(mf, "header.magic (byte 0): 0x%08X, expected 0x%08X (not a Colibri model file)",
                        h->magic, CB_MF_MAGIC);
-    if (h->version != CB_MF_VERSION)
-        return mf_fail(mf, "header.version (byte 4): %u, expected %u (this loader reads format v1)",
-                       h->version, CB_MF_VERSION);
+    if (h->version < CB_MF_MIN_VERSION || h->version > CB_MF_VERSION)
+        return mf_fail(mf, "header.version (byte 4): %u, expected %u to %u (this loader reads formats v1 and v2)",
+                       h->version, CB_MF_MIN_VERSION, CB_MF_VERSION);
     if (h->header_bytes != CB_MF_HEADER_BYTES)
         return mf_fail(mf, "header.header_bytes (byte 8): %u, expected %u", h->header_bytes,
                        CB_MF_HEADER_BYTES);
@@ -244,7 +249,8 @@ static int check_header(cb_model_file *mf) {
     }
     if ((rc = check_range(mf, "scoring", CB_MF_OFF_SCORING, h->scoring, 0, 1)) ||
         (rc = check_range(mf, "norm_topk_prob", CB_MF_OFF_NORM_TOPK_PROB, h->norm_topk_prob, 0, 1)) ||
-        (rc = check_range(mf, "weight_dtype", CB_MF_OFF_WEIGHT_DTYPE, h->weight_dtype, 0, 3)))
+        /* int4k (4) came with v2 */
+        (rc = check_range(mf, "weight_dtype", CB_MF_OFF_WEIGHT_DTYPE, h->weight_dtype, 0, h->version >= 2 ? 4 : 3)))
         return rc;
     if (h->shared_inter > MF_MAX_DIM)
         return mf_fail(mf, "header.shared_inter (byte 56): %u, expected 0 (no shared expert) or "

@@ -12,7 +12,8 @@
 #include <stdint.h>
 
 #define CB_MF_MAGIC 0xCAFE1234u
-#define CB_MF_VERSION 1u
+#define CB_MF_VERSION 2u     /* written; v2 adds weight dtype 4, int4k */
+#define CB_MF_MIN_VERSION 1u /* read back to this */
 #define CB_MF_HEADER_BYTES 128u
 #define CB_MF_HEADER_CRC_BYTES 104u /* the header CRC covers bytes 0 .. 103 */
 #define CB_MF_TENSOR_ENTRY_BYTES 48u

@@ -6,8 +6,8 @@ import pytest
 import colibri
 from colibri import quant
 
-# float weights: float32 accumulation; int8/int4: the activations are quantized too
-RTOL = {"f32": 1e-5, "bf16": 1e-5, "int8": 2e-2, "int4": 3e-2}
+# float weights: float32 accumulation; int8/int4/int4k: the activations are quantized too
+RTOL = {"f32": 1e-5, "bf16": 1e-5, "int8": 2e-2, "int4": 3e-2, "int4k": 3e-2}
 
 
 @pytest.mark.parametrize("dtype", quant.DTYPES)
@@ -28,14 +28,22 @@ def test_matches_numpy_on_ragged_shapes_and_every_path(dtype, rows, cols):
             assert lin(x, out=out) is out and np.array_equal(out, y)
 
 
-def test_from_encoded_is_the_same_as_from_floats():
+@pytest.mark.parametrize("dtype", ["int4", "int4k"])
+def test_from_encoded_is_the_same_as_from_floats(dtype):
     rng = np.random.default_rng(1)
     W = rng.standard_normal((20, 70), dtype=np.float32)
     x = rng.standard_normal((9, 70), dtype=np.float32)
-    st, sc = quant.encode(W, "int4")
-    with colibri.Linear(W, weight_dtype="int4") as a, \
-            colibri.Linear.from_encoded(st, sc, 70, weight_dtype="int4") as b:
+    st, sc = quant.encode(W, dtype)
+    with colibri.Linear(W, weight_dtype=dtype) as a, \
+            colibri.Linear.from_encoded(st, sc, 70, weight_dtype=dtype) as b:
         assert np.array_equal(a(x), b(x))
+
+
+def test_int4k_takes_no_scales():
+    W = np.ones((4, 64), np.float32)
+    st, _ = quant.encode(W, "int4k")
+    with pytest.raises(TypeError, match="no scales"):
+        colibri.Linear.from_encoded(st, np.ones(4, np.float32), 64, weight_dtype="int4k")
 
 
 def test_bad_input_is_refused_with_a_message():

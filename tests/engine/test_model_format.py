@@ -163,7 +163,8 @@ def _hdr(field):
 HEADER_CASES = {
     # id: (field, value, reseal, expected message fragment)
     "magic": ("magic", 0x12345678, True, "header.magic (byte 0): 0x12345678, expected 0xCAFE1234"),
-    "version": ("version", 2, True, "header.version (byte 4): 2, expected 1"),
+    "version": ("version", 3, True, "header.version (byte 4): 3, expected 1 to 2"),
+    "version-0": ("version", 0, True, "header.version (byte 4): 0, expected 1 to 2"),
     "header_bytes": ("header_bytes", 256, True, "header.header_bytes (byte 8): 256, expected 128"),
     "n_layers-0": ("n_layers", 0, True, "header.n_layers (byte 12): 0, expected 1 .. 65536"),
     "n_layers-big": ("n_layers", 65537, True, "header.n_layers (byte 12): 65537, expected 1 .. 65536"),
@@ -181,7 +182,7 @@ HEADER_CASES = {
     "dyn_p-nan": ("dyn_p", float("nan"), True, "header.dyn_p (byte 40): nan"),
     "k_min-fixed": ("k_min", 1, True, "header.k_min (byte 44): 1, expected 0 in fixed top-k mode"),
     "k_max-fixed": ("k_max", 2, True, "header.k_max (byte 48): 2, expected 0 in fixed top-k mode"),
-    "weight_dtype": ("weight_dtype", 4, True, "header.weight_dtype (byte 52): 4, expected 0 .. 3"),
+    "weight_dtype": ("weight_dtype", 5, True, "header.weight_dtype (byte 52): 5, expected 0 .. 4"),
     "shared_inter-big": ("shared_inter", 2**20 + 1, True, "header.shared_inter (byte 56): 1048577"),
     "shared_gated-2": ("shared_gated", 2, True, "header.shared_gated (byte 60): 2, expected 0 .. 1"),
     "alignment-npot": ("alignment", 96, True, "header.alignment (byte 64): 96, expected a power of two"),
@@ -672,25 +673,66 @@ def test_python_m_dump_schema_without_the_tool(base, tmp_path, lib):
 
 # ------------------------------------------------------------------ round trips
 
-def test_int4_file_matches_the_int4_layer(tmp_path, lib):
-    """An int4 model file holds exactly the bytes MoELayer(weight_dtype="int4") computes
-    with: the file's weights dequantize to quant.roundtrip, and one layer loaded from the
-    file gives bitwise the layer's output plus the residual."""
-    (c,) = stack_cases(1, H=72, I=40, E=6, k=2, seed=12, S=S, gated=True)
+@pytest.mark.parametrize("dtype", ["int4", "int4k"])
+def test_int4_file_matches_the_int4_layer(tmp_path, lib, dtype):
+    """An int4 (int4k) model file holds exactly the bytes MoELayer(weight_dtype=dtype)
+    computes with: the file's weights dequantize to quant.roundtrip, and one layer loaded
+    from the file gives bitwise the layer's output plus the residual. int4k's 300-wide rows
+    end in a partial super-block."""
+    (c,) = stack_cases(1, H=300, I=40, E=6, k=2, seed=12, S=S, gated=True)
     d = layer_dict(c)
     p = tmp_path / "m4.colibri"
-    save_model(p, [d], weight_dtype="int4")
+    save_model(p, [d], weight_dtype=dtype)
     (back,) = read_layers(p)
     for k in ("gate", "up", "down", "shared_gate", "shared_up", "shared_down"):
-        np.testing.assert_array_equal(back[k], quant.roundtrip(d[k], "int4"))
+        np.testing.assert_array_equal(back[k], quant.roundtrip(d[k], dtype))
     x = c.inputs(9)
-    layer = colibri.MoELayer(weight_dtype="int4", **{k: v for k, v in d.items()
-                                                     if k not in ("k_min", "k_max", "dyn_p")})
+    layer = colibri.MoELayer(weight_dtype=dtype, **{k: v for k, v in d.items()
+                                                    if k not in ("k_min", "k_max", "dyn_p")})
     with Model.load(p) as m:
         np.testing.assert_array_equal(m(x), x + layer(x))
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16", "int8"])
+def test_a_file_written_in_format_v1_gives_its_old_outputs(lib):
+    """tests/fixtures/model_v1/: an int4 seed file as the v1 writer wrote it (commit
+    143d4c3, fuzz/make_seeds.py's shared_gated_int4), loaded by this engine: the same
+    output as an int4 layer of the same weights, bitwise."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fuzz"))
+    import make_seeds
+
+    p = Path(__file__).resolve().parents[1] / "fixtures" / "model_v1" / "shared_gated_int4.colibri"
+    assert read_header(p)["version"] == 1
+    d = make_seeds.layer(2, shared=True, gated=True)
+    layer = colibri.MoELayer(weight_dtype="int4", **d)
+    x = np.random.default_rng(3).standard_normal((6, make_seeds.H)).astype(np.float32)
+    with Model.load(p) as m:
+        np.testing.assert_array_equal(m(x), x + layer(x))
+
+
+def test_format_v1_int4_still_loads_and_v1_has_no_int4k(tmp_path, lib):
+    """A v1 file (the format before int4k: the same bytes, version 1) loads and computes
+    as before; int4k (weight dtype 4) is refused in a v1 header."""
+    (c,) = stack_cases(1, H=72, I=40, E=6, k=2, seed=13)
+    d = layer_dict(c)
+    x = c.inputs(5)
+    for dtype in ("int4", "int4k"):
+        p = tmp_path / f"{dtype}.colibri"
+        save_model(p, [d], weight_dtype=dtype)
+        assert read_header(p)["version"] == 2
+        with Model.load(p) as m:
+            want = m(x)
+        buf = bytearray(p.read_bytes())
+        patch_header(buf, "version", 1)
+        p.write_bytes(bytes(buf))
+        if dtype == "int4":
+            with Model.load(p) as m:
+                np.testing.assert_array_equal(m(x), want)
+        else:
+            with pytest.raises(ModelFormatError, match=r"header.weight_dtype \(byte 52\): 4, expected 0 .. 3"):
+                Model.load(p)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "int8", "int4k"])
 @pytest.mark.parametrize("variant", ["gated-shared", "plain"])
 def test_round_trip(tmp_path, lib, dtype, variant):
     kw = dict(S=S, gated=True) if variant == "gated-shared" else {}
