@@ -118,10 +118,12 @@ def dequantize_int4(packed: np.ndarray, scales: np.ndarray, cols: int) -> np.nda
 
 # int4k: a row is super-blocks of up to INT4K_SUPER groups of 32, each a 16-byte header
 # and then its groups' 16 bytes of nibbles q (0..15, int4's byte order); a group's weights
-# are d * sc * q - dmin * mn. Header words (little-endian uint32): bits 4j..4j+3 of h0 and
-# h1 are group j's codes sc and mn, low 4 bits; bits 4j..4j+1 of h2 sc's top 2 bits and
-# 4j+2..4j+3 mn's; h3 is f16 d (low half) and f16 dmin (high half). kernels/internal.h
-# and FORMAT.md say the same; the fit is C's (kernels/int4k.c, colibri_quantize_int4k).
+# are d * sc * q - dmin * mn. Header words h0..h3 (little-endian uint32) hold 16 six-bit
+# codes, c = j group j's sc and c = 8 + j its mn: code c < 15 is bits 6 (c % 5).. of
+# h[c // 5], code 15 the top two bits of h0, h1, h2 (its bits 0-1, 2-3, 4-5); h3 is f16 d
+# (low half) and f16 dmin (high half). kernels/internal.h and FORMAT.md say the same; the
+# fit is C's (kernels/int4k.c, colibri_quantize_int4k). The int4k kernels quantize their
+# activations per super-block (quantize_activations with group 256), as ggml's q8_K.
 INT4K_SUPER = 8
 
 
@@ -162,10 +164,10 @@ def dequantize_int4k(stored: np.ndarray, cols: int) -> np.ndarray:
         h = rows[:, at:at + 16].copy().view("<u4")                       # [rows, 4]
         d = (h[:, 3] & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32)
         dmin = (h[:, 3] >> 16).astype(np.uint16).view(np.float16).astype(np.float32)
-        sh = 4 * np.arange(n, dtype=np.uint32)
-        t0, t1, t2 = (h[:, i:i + 1] >> sh for i in range(3))              # [rows, n]
-        sc = (t0 & 15) | (t2 & 3) << 4
-        mn = (t1 & 15) | (t2 & 12) << 2
+        codes = [h[:, c // 5] >> np.uint32(6 * (c % 5)) & 63 for c in range(15)]
+        codes.append(h[:, 0] >> 30 | (h[:, 1] >> 30) << 2 | (h[:, 2] >> 30) << 4)
+        sc = np.stack(codes[:n], axis=1)                                 # [rows, n]
+        mn = np.stack(codes[INT4K_SUPER:INT4K_SUPER + n], axis=1)
         b = rows[:, at + 16:at + 16 + 16 * n].reshape(-1, n, 16)
         q = np.concatenate([b & 15, b >> 4], axis=-1).astype(np.float32)  # [rows, n, 32]
         a_ = (d[:, None] * sc.astype(np.float32))[..., None]
@@ -176,16 +178,17 @@ def dequantize_int4k(stored: np.ndarray, cols: int) -> np.ndarray:
     return np.ascontiguousarray(w[:, :cols].reshape(lead + (cols,)))
 
 
-def quantize_activations(x: np.ndarray) -> np.ndarray:
-    """What the int4 kernels multiply instead of x [..., cols]: x quantized to int8
-    per group of 32 (scale = max|group| / 127, round to nearest even) and scaled back,
-    in the same float32 operations as the C code (templates/expert_ffn.c.j2, i4_prep)."""
+def quantize_activations(x: np.ndarray, group: int = INT4_GROUP) -> np.ndarray:
+    """What the int8 and int4 kernels multiply instead of x [..., cols]: x quantized to
+    int8 per group of 32 (scale = max|group| / 127, round to nearest even) and scaled back,
+    in the same float32 operations as the C code (templates/expert_ffn/quant.j2,
+    act_quant_group); int4k's kernels do the same per super-block of 256 (group=256)."""
     x = np.asarray(x, dtype=np.float32)
     cols = x.shape[-1]
-    ng = int4_groups(cols)
-    pad = ng * INT4_GROUP - cols
+    ng = -(-cols // group)
+    pad = ng * group - cols
     xp = np.concatenate([x, np.zeros(x.shape[:-1] + (pad,), np.float32)], axis=-1) if pad else x
-    g = xp.reshape(x.shape[:-1] + (ng, INT4_GROUP))
+    g = xp.reshape(x.shape[:-1] + (ng, group))
     amax = np.max(np.abs(g), axis=-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
@@ -198,7 +201,7 @@ def quantize_activations(x: np.ndarray) -> np.ndarray:
 # What the kernels of a dtype do to activations before each matrix (the reference
 # applies the same to compare arithmetic, not formats).
 ACTIVATION_ROUNDING = {"int8": quantize_activations, "int4": quantize_activations,
-                       "int4k": quantize_activations}
+                       "int4k": lambda x: quantize_activations(x, INT4K_SUPER * INT4_GROUP)}
 
 
 def stored_bytes(dtype: str, rows: int, cols: int) -> int:

@@ -112,7 +112,7 @@ def kernel_code(libs: dict, path, dtype: str) -> dict:
         table = Mapped(path, lib).model.layer_kernels(0)
         info = json.loads(ffi.string(open_library(lib).colibri_build_info()).decode())
         tables = parts.read_tables(Path(lib).parent / "kernel_tables.json") or {}
-        part = (tables.get(table) or {}).get(dtype)
+        part = (tables.get(table) or {}).get(parts.part_of(dtype))
         knobs = dict(info.get("knobs") or {}, **(info.get("shape_classes") or {}).get(table, {}))
         out[name] = {"kernels": table, "part": part,
                      "built_from": [info.get("compiler"), info.get("cflags"), part or knobs]}

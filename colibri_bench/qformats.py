@@ -9,11 +9,13 @@ included).
     w = (q - 8) d (18 bytes per 32: 4.5 bits per weight);
   - q4_1: f16 d = (max - min) / 15 and f16 m = min, w = q d + m (20 bytes: 5.0);
   - q8_0: f16 d = max|w| / 127, w = q d with q in -127..127 (34 bytes: 8.5).
-- k4: a candidate for Colibri's next int4 (issue 29), K-quant style: super-blocks of 256
-  weights hold 8 sub-blocks of 32; a sub-block's weights are w = d sc q - dmin mn with q
-  in 0..15 and 6-bit sc and mn, d and dmin f16 per super-block: (1024 + 8 x 12 + 32) bits
-  per 256 weights = 4.5 bits per weight. Each sub-block's scale and offset are fitted by
-  least squares over a few starting ranges before the 6-bit rounding.
+- k4: the NumPy statement of Colibri's int4k fit (issue 29; the engine's is C,
+  kernels/int4k.c, and tests/bench/test_quanterr.py holds the two to the same bits),
+  K-quant style: super-blocks of 256 weights hold 8 sub-blocks of 32; a sub-block's weights
+  are w = d sc q - dmin mn with q in 0..15 and 6-bit sc and mn, d and dmin f16 per
+  super-block: (1024 + 8 x 12 + 32) bits per 256 weights = 4.5 bits per weight. Each
+  sub-block's scale and offset are fitted by least squares over a few starting ranges
+  before the 6-bit rounding. The harness lists int4k among Colibri's dtypes.
 
 Rows are padded with zeros to whole blocks; the padding is not counted in the error.
 """
@@ -131,6 +133,4 @@ FORMATS = {
     "ggml-q8_0": (q8_0, 8.5, "ggml q8_0: blocks of 32, f16 scale (reference)"),
     "ggml-q4_0": (q4_0, 4.5, "ggml q4_0: blocks of 32, f16 scale, levels -8..7 (reference)"),
     "ggml-q4_1": (q4_1, 5.0, "ggml q4_1: blocks of 32, f16 scale and min (reference)"),
-    "k4": (k4, 4.5, "candidate int4: 256-weight super-blocks, 6-bit sub-block scales and "
-                    "mins, f16 super-scales (issue 29)"),
 }

@@ -26,6 +26,14 @@ from . import render, shapes as shapes_mod
 from .paths import TEMPLATES_DIR
 
 PARTS = render.DOMAIN_DTYPES   # f32, bf16, int8, int4: colibri_dtype's order (kernels/colibri.h)
+# weight dtypes that run in another dtype's part (kernels.h, cbk_part_of): int4k's kernels
+# live in the int4 part, on int4's knobs
+HOSTED = {"int4k": "int4"}
+
+
+def part_of(dtype: str) -> str:
+    """The part whose kernels serve weight dtype `dtype`."""
+    return HOSTED.get(dtype, dtype)
 PLACEHOLDER = "CBK_PART_SYMBOL"  # the template's part_symbol while its text is hashed
 INDEX_NAME = "index.json"
 

@@ -49,11 +49,22 @@ void cb_clear_error(void);
 
 /* int4k (COLIBRI_INT4K): a row is super-blocks of up to CB_K4_SUPER groups of 32 weights,
  * each a 16-byte header and then its groups' 16 bytes of nibbles (quant.py's int4 order:
- * byte j holds k = j low, 16 + j high). The header's four little-endian words: bits
- * 4j..4j+3 of h[0] and h[1] are group j's 6-bit scale code sc and min code mn, low 4 bits;
- * bits 4j..4j+1 of h[2] are sc's top 2 bits and 4j+2..4j+3 mn's; h[3] is f16 d (low half)
+ * byte j holds k = j low, 16 + j high). The header's four little-endian words h[0..3]
+ * hold 16 six-bit codes, c = j the scale code sc of group j and c = 8 + j its min code mn:
+ * code c < 15 is bits 6 (c % 5) .. 6 (c % 5) + 5 of h[c / 5] (one shift and one mask, by
+ * constants, where the kernels unroll a super-block), code 15 (mn of group 7) is the top
+ * two bits of h[0], h[1] and h[2] as its bits 0-1, 2-3 and 4-5; h[3] is f16 d (low half)
  * and f16 dmin (high half). A weight is d * sc * q - dmin * mn, q the nibble. */
 #define CB_K4_SUPER 8
+static inline uint32_t cb_k4_code(const uint32_t h[3], int c) {
+    if (c < 15) return h[c / 5] >> 6 * (c % 5) & 63;
+    return h[0] >> 30 | (h[1] >> 30) << 2 | (h[2] >> 30) << 4;
+}
+static inline void cb_k4_put_codes(uint32_t h[3], const uint32_t codes[16]) {
+    h[0] = h[1] = h[2] = 0;
+    for (int c = 0; c < 15; ++c) h[c / 5] |= codes[c] << 6 * (c % 5);
+    for (int i = 0; i < 3; ++i) h[i] |= (codes[15] >> 2 * i & 3) << 30;
+}
 static inline size_t cb_k4_row_bytes(size_t cols) {
     const size_t ng = (cols + CB_INT4_GROUP - 1) / CB_INT4_GROUP;
     return 16 * ((ng + CB_K4_SUPER - 1) / CB_K4_SUPER + ng);

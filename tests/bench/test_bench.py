@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_runs_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
     res = subprocess.run([sys.executable, "-m", "colibri_bench", "bench", "--shape", "tiny", "--dtype", "f32",
-                          "--dtype", "int8", "--dtype", "int4", "--phase", "decode", "--phase", "prefill16",
+                          "--dtype", "int8", "--dtype", "int4", "--dtype", "int4k", "--phase", "decode", "--phase", "prefill16",
                           "--phase", "prefill512", "--rounds", "2",
                           "--threads", "1", "--min-seconds", "0.05", "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -23,6 +23,7 @@ def test_bench_runs_and_writes_json(tmp_path):
     assert ("tiny/decode/f32", "numpy") in impls and ("tiny/decode/f32", "colibri-default") in impls
     assert ("tiny/decode/int8", "colibri-default") in impls
     assert ("tiny/decode/int4", "colibri-default") in impls
+    assert ("tiny/prefill16/int4k", "colibri-default") in impls  # int4k: the int4 part's kernels
     # which kernel table each library's layer ran (tiny is no tuned shape class here)
     assert all(r["kernels"] for r in data["rows"] if r["impl"].startswith("colibri"))
     extended = set()  # (case, threads) the bench measured again: "bench: CASE at 1, 2 thread(s): ..."

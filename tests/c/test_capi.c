@@ -167,7 +167,7 @@ static void test_layer(void) {
     CREATE_FAILS(d_.n_experts = 0, "n_experts");
     CREATE_FAILS(d_.n_experts = -1, "n_experts");
     CREATE_FAILS(d_.shared_inter = -1, "shared_inter");
-    CREATE_FAILS(d_.weight_dtype = 4, "weight_dtype");
+    CREATE_FAILS(d_.weight_dtype = 5, "weight_dtype");
     CREATE_FAILS(d_.weight_dtype = 3, "int4 weights need");  /* int4 without its scales */
     CREATE_FAILS(d_.weight_dtype = -1, "weight_dtype");
     CREATE_FAILS(d_.hugepages = 2, "hugepages");
@@ -250,6 +250,38 @@ static void test_layer(void) {
     colibri_layer_free(L);
 }
 
+/* int4k: quantizer arguments, and a layer of its bytes (no scales) against the f32 one */
+static void test_int4k(void) {
+    CHECK(colibri_int4k_row_bytes(H) == 32 && colibri_int4k_row_bytes(300) == 16 * (2 + 10), NULL);
+    CHECK(colibri_int4k_row_bytes(0) == 0, NULL);
+    static uint8_t g4[E * I * 32], u4[E * I * 32], d4[E * H * 32];
+    INVALID(colibri_quantize_int4k(NULL, E * I, H, g4, 1), "NULL");
+    INVALID(colibri_quantize_int4k(gate, E * I, H, NULL, 1), "NULL");
+    INVALID(colibri_quantize_int4k(gate, 0, H, g4, 1), "rows");
+    INVALID(colibri_quantize_int4k(gate, E * I, -1, g4, 1), "cols");
+    INVALID(colibri_quantize_int4k(gate, E * I, H, g4, -1), "n_threads");
+    CHECK(colibri_quantize_int4k(gate, E * I, H, g4, 0) == COLIBRI_OK, NULL);
+    CHECK(colibri_quantize_int4k(up, E * I, H, u4, 1) == COLIBRI_OK, NULL);
+    CHECK(colibri_quantize_int4k(down, E * H, I, d4, 2) == COLIBRI_OK, NULL);
+    colibri_layer_desc d = good_desc();
+    colibri_layer *F = colibri_layer_create(&d);
+    d.weight_dtype = COLIBRI_INT4K;
+    d.gate = g4, d.up = u4, d.down = d4;
+    colibri_layer *L = colibri_layer_create(&d);
+    CHECK(F != NULL && L != NULL, NULL);
+    if (F && L) {
+        float x[T * H], yf[T * H], yk[T * H];
+        for (int i = 0; i < T * H; ++i) x[i] = (float)((i * 5) % 13) / 13.0f - 0.5f;
+        CHECK(colibri_layer_forward(F, x, yf, T, 1) == COLIBRI_OK, NULL);
+        CHECK(colibri_layer_forward(L, x, yk, T, 1) == COLIBRI_OK, NULL);
+        double e = 0, n = 0;
+        for (int i = 0; i < T * H; ++i) e += (yk[i] - yf[i]) * (double)(yk[i] - yf[i]), n += yf[i] * (double)yf[i];
+        CHECK(n > 0 && e < 0.01 * n, NULL); /* within 10% L2 of the f32 layer: a 4.5-bit format */
+    }
+    colibri_layer_free(F);
+    colibri_layer_free(L);
+}
+
 static void test_membw(void) {
     colibri_membw_result r;
     double g;
@@ -322,6 +354,7 @@ int main(int argc, char **argv) {
     test_pool();
     test_route();
     test_layer();
+    test_int4k();
     test_membw();
     test_model(argv[1], argv[2]);
     printf("test_capi: %d checks, %d failed\n", n_checks, n_failed);

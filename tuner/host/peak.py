@@ -39,7 +39,7 @@ ROOF_UNITS = {
     "bf16": (("f32_fma", 1.0), ("amx_bf16", 1 / 2), ("bf16_dot", 1 / 2)),
     "int8": (("int8_dot", 1.0), ("amx_int8", 1.0), ("f32_fma", 1.0)),
 }
-ROOF_UNITS["int4"] = ROOF_UNITS["int8"]
+ROOF_UNITS["int4"] = ROOF_UNITS["int4k"] = ROOF_UNITS["int8"]
 
 
 # how kernels/peak.c begins the error of a unit this build or host cannot run
