@@ -26,12 +26,14 @@ import json
 import os
 import sys
 
-from colibri.quant import DTYPES
 from colibri_build import render, shapes
 from tuner import decide
 from tuner.build import codehash, variants
 from tuner.build.signature import variant_id
 from tuner.measure import interleave, problems as problems_mod
+
+# the dtypes whose kernel parts tuning changes (int4k runs in int4's part, not gated yet)
+DTYPES = render.DOMAIN_DTYPES
 
 PHASES = ("decode", "prefill128", "prefill512")
 # shapes a gate checks for the default's code, in order of preference: the first one no
