@@ -22,11 +22,14 @@ class IsaError(ValueError):
 
 @dataclass(frozen=True)
 class FeaturePath:
-    """A library whose profile has host `feature` and whose knobs select this path
-    (every knob = value) must contain each of `registers`."""
+    """A library whose profile has host `feature` (where one is named), whose compiler
+    predefines every one of `macros` under the build's flags (where any are named: AMX,
+    which no profile requires of its hosts, shows only there) and whose knobs select this
+    path (every knob = value) must contain each of `registers`."""
     feature: str
     registers: tuple[str, ...]
     knobs: tuple[tuple[str, object], ...] = ()
+    macros: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,10 +65,14 @@ def _record(name: str, raw, where: str) -> Isa:
         caps[str(cap)] = tuple(tuple(a) for a in alts)
     paths = []
     for fp in raw.get("when_feature") or []:
-        if not isinstance(fp, dict) or set(fp) - {"feature", "registers", "knobs"} or "feature" not in fp:
-            raise IsaError(f"{where}: isa '{name}' when_feature entries need feature, registers (and knobs)")
-        paths.append(FeaturePath(str(fp["feature"]), _strs(fp.get("registers"), f"{where}: {name} when_feature"),
-                                 tuple(sorted((fp.get("knobs") or {}).items()))))
+        if (not isinstance(fp, dict) or set(fp) - {"feature", "macros", "registers", "knobs"}
+                or not ({"feature", "macros"} & set(fp))):
+            raise IsaError(f"{where}: isa '{name}' when_feature entries need feature or macros, "
+                           f"registers (and knobs)")
+        paths.append(FeaturePath(str(fp.get("feature") or ""),
+                                 _strs(fp.get("registers"), f"{where}: {name} when_feature"),
+                                 tuple(sorted((fp.get("knobs") or {}).items())),
+                                 _strs(fp.get("macros") or [], f"{where}: {name} when_feature macros")))
     arch = raw["arch"]
     return Isa(name=name, arch=None if arch == "any" else str(arch),
                features=_strs(raw["features"], f"{where}: {name} features"),

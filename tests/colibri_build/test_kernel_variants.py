@@ -101,9 +101,28 @@ def _knobs(corner):
     return k
 
 
+EMULATED = "sapphirerapids-amx-emulated"
+
+
 def _targets_amx(knobs, profile):
     return ((knobs["amx_f32"] or knobs["amx_bf16"]) and knobs["isa"] == "avx512"
-            and profile == "sapphirerapids")
+            and profile in ("sapphirerapids", EMULATED))
+
+
+def _corner_profile(corner):
+    """The profile a corner builds under here, and whether and why not it runs: an AVX-512
+    sapphirerapids corner on a host that cannot run that profile runs its AMX code on the
+    emulated tile unit instead (sapphirerapids-amx-emulated), where the host can run that."""
+    from colibri_build import cpuinfo, profiles
+
+    host = cpuinfo.host_cpu()
+    ok, why = profiles.runs_on(profiles.get_profile(corner[1]), host)
+    if not ok and corner[:2] == ("avx512", "sapphirerapids"):
+        emu_ok, emu_why = profiles.runs_on(profiles.get_profile(EMULATED), host)
+        if emu_ok:
+            return EMULATED, True, ""
+        why = f"{why}; nor {EMULATED}: {emu_why}"
+    return corner[1], ok, why
 
 
 def _host_grants_amx():
@@ -134,10 +153,7 @@ def cases():
 
 @pytest.mark.parametrize("corner", CORNERS, ids=lambda c: "-".join(map(str, c)))
 def test_corner_builds_and_is_correct(tmp_path, cases, corner):
-    profile = corner[1]
-    from colibri_build import cpuinfo, profiles
-
-    ok, why = profiles.runs_on(profiles.get_profile(profile), cpuinfo.host_cpu())
+    profile, ok, why = _corner_profile(corner)
     knobs = _knobs(corner)
     cfg = render.write_config_h(tmp_path / "config.h", knobs, signature="0", profile=profile)
     if not ok:
@@ -152,10 +168,12 @@ def test_corner_builds_and_is_correct(tmp_path, cases, corner):
             for T in ((1, 2, 7, 40) if case.hidden < 300 else (40, 300)):
                 x = case.inputs(T, seed=T)
                 assert_engine(L(x), case.reference(x, dtype), dtype)
-    # the AMX corners above ran on tiles wherever this host has them
+    # the AMX corners above ran on tiles wherever this host has them, else on the emulated unit
     uses = open_library(lib).colibri_uses_amx()
     if not _targets_amx(knobs, profile):
         assert uses == 0
+    elif profile == EMULATED:
+        assert uses == 1, "the emulated tile unit needs no grant: the AMX path must run"
     elif _host_grants_amx():
         assert uses == 1, "the host has AMX and Linux >= 5.16, but the library did not get its tiles"
 

@@ -25,6 +25,8 @@ def built(tmp_path_factory):
     libs = {"generic-scalar": build_profile("generic", config=cfg, build_dir=root, quiet=True)}
     if X86:
         libs["x86-64-v4"] = build_profile("x86-64-v4", build_dir=root, quiet=True)
+        # built, never run here: the disassembly is what is checked
+        libs["sapphirerapids"] = build_profile("sapphirerapids", build_dir=root, quiet=True)
     return libs
 
 
@@ -49,6 +51,56 @@ def test_avx512_build_uses_zmm_in_its_kernels(built):
     assert r.promised["require"] == ["zmm"] and r.promised["forbid"] == []
     assert r.found["zmm"] > 0
     assert {"part_gateup", "part_rows_acc"} <= set(r.symbols)
+
+
+@needs_objdump
+@pytest.mark.skipif(not X86, reason="AMX is x86-64 only")
+def test_amx_build_requires_and_has_tile_products(built):
+    from colibri_build import profiles
+
+    r = isacheck.check_library(built["sapphirerapids"])
+    if "-march=sapphirerapids" not in profiles.resolve("sapphirerapids").cflags:
+        pytest.skip("this compiler has no -march=sapphirerapids: the build has no AMX")
+    assert r.ok is True, r.message
+    assert "tdpbf16ps" in r.promised["require"]
+    assert r.found["tdpbf16ps"] > 0
+
+
+AMX_DISASM = """
+0000000000001000 <amx_gemm_bf16>:
+    1000:	vmovups	zmm0, zmm1
+    1004:	tdpbf16ps	tmm0, tmm4, tmm6
+    1008:	call	1200 <cb_emu_dpbf16ps@plt>
+"""
+
+
+@pytest.mark.parametrize("cflags, knobs, drop, problem", [
+    (["-mamx-tile", "-mamx-bf16", "-mavx512bf16"], {"amx_bf16": 1}, None, None),
+    (["-mamx-tile", "-mamx-bf16", "-mavx512bf16"], {"amx_bf16": 1}, "tdpbf16ps", "tdpbf16ps instructions"),
+    # the knob keeps bf16 off the tiles: nothing promised
+    (["-mamx-tile", "-mamx-bf16", "-mavx512bf16"], {"amx_bf16": 0}, "tdpbf16ps", None),
+    # flags without AMX promise no tile products
+    (["-mavx512bf16"], {"amx_bf16": 1}, "tdpbf16ps", None),
+    # the emulated unit: its calls stand for the products
+    (["-mavx512bf16", "-DCB_AMX_EMULATED=1"], {"amx_bf16": 1}, "tdpbf16ps", None),
+    (["-mavx512bf16", "-DCB_AMX_EMULATED=1"], {"amx_bf16": 1}, "call", "cb_emu_dpbf16ps instructions"),
+])
+@pytest.mark.skipif(not X86 or shutil.which("gcc") is None, reason="x86-64 gcc's macros")
+def test_amx_tile_products_are_required_by_the_build_flags(tmp_path, monkeypatch, cflags, knobs,
+                                                           drop, problem):
+    import json
+
+    lib = tmp_path / "libcolibri.so"
+    lib.write_bytes(b"\x7fELF\x02\x01" + b"\0" * 12 + (62).to_bytes(2, "little") + b"\0" * 40)
+    (tmp_path / "build_info.json").write_text(json.dumps(
+        {"kernel_isa": "avx512", "features": ["avx", "avx512f", "avx512_bf16"], "knobs": repr(knobs),
+         "compiler": {"path": shutil.which("gcc")}, "cflags": ["-march=x86-64-v4", *cflags]}))
+    text = "\n".join(line for line in AMX_DISASM.splitlines() if not (drop and f"\t{drop}\t" in line))
+    monkeypatch.setattr(isacheck, "disassemble", lambda lib, arch: text)
+    res = isacheck.check_library(lib)
+    assert res.ok is (problem is None), res.message
+    if problem:
+        assert problem in res.message
 
 
 @needs_objdump
@@ -114,7 +166,8 @@ ARM_DISASM = """
 def test_count_registers_only_inside_kernel_symbols():
     counts, symbols = isacheck.count_registers(X86_DISASM, "x86_64", ("cbk_", "gateup_"))
     assert symbols == ["cbk_gateup", "gateup_f32_dec.part.0"]   # clones count, PLT stubs not
-    assert counts == {"xmm": 1, "ymm": 1, "zmm": 1}              # colibri_layer_forward's zmm not
+    assert {k: counts[k] for k in ("xmm", "ymm", "zmm")} == {"xmm": 1, "ymm": 1, "zmm": 1}
+    assert counts["tdpbf16ps"] == 0                              # colibri_layer_forward's zmm not
     counts, symbols = isacheck.count_registers(ARM_DISASM, "aarch64", ("cbk_",))
     assert symbols == ["cbk_gateup"]
     assert counts == {"v": 1, "q": 1, "z": 1, "fmla.4s": 1, "sdot": 0, "bfdot": 0, "bfmmla": 0, "smmla": 0}

@@ -17,6 +17,10 @@ and compare with the promise:
     features  the record's `when_feature`: aarch64 levels show by mnemonic: asimddp -> sdot;
     and knobs i8mm with gemm_mmla_int8=1 -> smmla; bf16 with gemm_mmla_bf16=1 -> bfmmla,
               with gemm_mmla_bf16=0 and gemm_bf16_dot=1 -> bfdot
+    macros    entries of `when_feature` that name compiler macros instead: x86 AMX, which no
+    and knobs profile requires of its hosts (VMs hide it; the kernels ask at run time), shows
+              in the build's predefined macros: __AMX_BF16__ with amx_bf16=1 -> tdpbf16ps;
+              the emulated tile unit (CB_AMX_EMULATED) -> calls to cb_emu_dpbf16ps
     features  (the profile's required ISA features, from build_info.json)
               x86: no avx512f -> zmm forbidden; no avx -> ymm forbidden
               aarch64: no sve -> z (SVE) registers forbidden
@@ -47,6 +51,9 @@ REGISTER_CLASSES = {
 INSTRUCTION_CLASSES = {
     "aarch64": {"fmla.4s": r"^\s*fmla\s+v\d+\.4s\b", "sdot": r"^\s*sdot\s", "bfdot": r"^\s*bfdot\s",
                 "bfmmla": r"^\s*bfmmla\s", "smmla": r"^\s*smmla\s"},
+    # AMX tile products, and the emulated unit's stand-in for them (kernels/amx_emu.c)
+    "x86_64": {"tdpbf16ps": r"^\s*tdpbf16ps\s", "tdpbssd": r"^\s*tdpbssd\s",
+               "tdpbusd": r"^\s*tdpbusd\s", "cb_emu_dpbf16ps": r"^\s*call\w*\s.*<cb_emu_dpbf16ps"},
 }
 # What the `isa` knob promises the kernels use (at least one instruction of each class),
 # and what a profile's feature adds where the knobs select its path: the ISA records'
@@ -163,6 +170,15 @@ def _build_info(lib: Path) -> dict:
         return {}
 
 
+def _build_macros(info: dict) -> frozenset[str] | None:
+    """The macros the library's compiler predefines under its flags (build_info.json);
+    None where that cannot be said (no record, or the compiler is gone)."""
+    from tuner.context import predefined_macros
+
+    path = (info.get("compiler") or {}).get("path")
+    return predefined_macros(path, info.get("cflags") or []) if path else None
+
+
 def _knobs(info: dict) -> dict | None:
     """The kernel knobs build_info.json records (a dict, or its repr), None if absent."""
     knobs = info.get("knobs")
@@ -201,10 +217,17 @@ def check_library(lib: str | Path, *, isa: str | None = None, features=None,
     why = {cls: f"isa={isa}" for cls in (rec.registers if rec else ()) if cls in counts}
     knobs = _knobs(info)
     if rec and features is not None and knobs is not None:
+        macros = _build_macros(info) if any(fp.macros for fp in rec.when_feature) else None
         for fp in rec.when_feature:
-            if fp.feature in set(features) and all(knobs.get(k) == v for k, v in fp.knobs):
+            if fp.feature and fp.feature not in set(features):
+                continue
+            if fp.macros and (macros is None or not set(fp.macros) <= macros):
+                continue
+            if all(knobs.get(k) == v for k, v in fp.knobs):
+                basis = (f"the profile's feature {fp.feature}" if fp.feature
+                         else f"flags predefining {', '.join(fp.macros)}")
                 for cls in fp.registers:
-                    why.setdefault(cls, f"isa={isa} with the profile's feature {fp.feature}"
+                    why.setdefault(cls, f"isa={isa} with {basis}"
                                    + "".join(f", {k}={v}" for k, v in fp.knobs))
     require = list(why)
     forbid = ([cls for cls, feat in FORBIDDEN_WITHOUT.get(arch, {}).items()

@@ -1,0 +1,78 @@
+"""The AMX kernels on the emulated tile unit (profile sapphirerapids-amx-emulated): every
+weight dtype at the token counts around the tile edges (1, 5, 16, 17, 64, 300) with a shared
+expert and dynamic k, and a mutation check: the same kernels with a wrong tile stride must
+fail, or the corners that pass on the emulator would prove nothing."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from moe_data import make_case
+
+import colibri
+from colibri import reference
+from colibri._lib import build_profile, open_library
+from colibri_build import cpuinfo, profiles
+
+EMULATED = "sapphirerapids-amx-emulated"
+ROOT = Path(__file__).resolve().parents[2]
+DTYPES = ("f32", "bf16", "int8", "int4", "int4k")
+TOKENS = (1, 5, 16, 17, 64, 300)
+# the A (weight) tile loads in amx.j2's micro-kernels: rows AM_KC bf16 apart
+A_STRIDE = "AM_KC * 2);"
+
+
+@pytest.fixture(scope="module")
+def runs_here():
+    ok, why = profiles.runs_on(profiles.get_profile(EMULATED), cpuinfo.host_cpu())
+    if not ok:
+        pytest.skip(f"{EMULATED} cannot run on this host: {why}")
+
+
+@pytest.fixture(scope="module")
+def case():
+    # dynamic k (2 to 4 experts a token by routing mass), a gated shared expert, rows and
+    # columns that are not multiples of the tiles' 16 and 32
+    return make_case(H=96, I=70, E=6, k=4, S=40, gated=True, dyn_p=0.7, k_min=2, k_max=4, seed=7)
+
+
+def _failures(lib, case, dtypes=DTYPES, tokens=TOKENS):
+    bad = []
+    for dtype in dtypes:
+        L = colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype=dtype,
+                             lib=lib, **case.layer_kwargs())
+        for T in tokens:
+            x = case.inputs(T, seed=T)
+            ok, _, msg = reference.compare(L(x), case.reference(x, dtype), dtype)
+            if not ok:
+                bad.append(f"{dtype} T={T}: {msg}")
+    return bad
+
+
+def test_every_dtype_is_right_on_the_emulated_tiles(runs_here, case, tmp_path):
+    lib = build_profile(EMULATED, build_dir=tmp_path / "build", quiet=True)
+    assert open_library(lib).colibri_uses_amx() == 1
+    assert _failures(lib, case) == []
+
+
+def test_a_wrong_tile_stride_fails_on_the_emulated_tiles(runs_here, case, tmp_path):
+    """A copy of the build tree with the weight tiles' stride off by one tile row (64 bytes):
+    it builds, and the f32/bf16 layers it computes on tiles are wrong."""
+    tree = tmp_path / "tree"
+    for name in ("kernels", "templates", "profiles", "colibri_build"):
+        shutil.copytree(ROOT / name, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "SConstruct", tree / "SConstruct")
+    amx = tree / "templates" / "expert_ffn" / "amx.j2"
+    text = amx.read_text()
+    assert text.count(A_STRIDE) >= 2, "amx.j2 no longer loads its weight tiles this way"
+    amx.write_text(text.replace(A_STRIDE, "AM_KC * 2 + 64);"))
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    res = subprocess.run([sys.executable, "-m", "SCons", "-Q", f"profile={EMULATED}",
+                          f"build_dir={tmp_path / 'build'}"], cwd=tree, env=env,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    lib = tmp_path / "build" / EMULATED / "libcolibri.so"
+    bad = _failures(lib, case, dtypes=("f32", "bf16"), tokens=(300,))
+    assert len(bad) == 2, bad
