@@ -38,6 +38,15 @@ typedef void (*cb_emu_fault_fn)(const char *why);
 /* Installs fn (NULL: the default, print and abort); returns the previous handler. */
 cb_emu_fault_fn cb_emu_on_fault(cb_emu_fault_fn fn);
 
+/* Whether this process may run tile instructions: Linux grants the tile state on request
+ * (amx_perm.c); the emulated unit needs no grant. */
+#if defined(CB_AMX_EMULATED)
+static inline int cb_tiles_ready(void) { return 1; }
+#else
+int cb_amx_granted(void);
+static inline int cb_tiles_ready(void) { return cb_amx_granted(); }
+#endif
+
 #if defined(CB_AMX_EMULATED)
 #define CB_TILE_LOADCONFIG(cfg) cb_emu_loadconfig(cfg)
 #define CB_TILE_RELEASE() cb_emu_release()

@@ -1,7 +1,8 @@
 """The AMX kernels on the emulated tile unit (profile sapphirerapids-amx-emulated): every
 weight dtype at the token counts around the tile edges (1, 5, 16, 17, 64, 300) with a shared
-expert and dynamic k, and a mutation check: the same kernels with a wrong tile stride must
-fail, or the corners that pass on the emulator would prove nothing."""
+expert and dynamic k; int8 on tiles against the dot-product gemm, bit for bit; and a mutation
+check: the same kernels with a wrong tile stride must fail, or the corners that pass on the
+emulator would prove nothing."""
 import os
 import shutil
 import subprocess
@@ -11,17 +12,19 @@ from pathlib import Path
 import pytest
 from moe_data import make_case
 
+import numpy as np
+
 import colibri
 from colibri import reference
 from colibri._lib import build_profile, open_library
-from colibri_build import cpuinfo, profiles
+from colibri_build import cpuinfo, profiles, render
 
 EMULATED = "sapphirerapids-amx-emulated"
 ROOT = Path(__file__).resolve().parents[2]
 DTYPES = ("f32", "bf16", "int8", "int4", "int4k")
 TOKENS = (1, 5, 16, 17, 64, 300)
-# the A (weight) tile loads in amx.j2's micro-kernels: rows AM_KC bf16 apart
-A_STRIDE = "AM_KC * 2);"
+# the A (weight) tile loads: amx.j2's (rows AM_KC bf16 apart) and amx_int.j2's (rows s0 bytes apart)
+STRIDES = {"amx.j2": "AM_KC * 2);", "amx_int.j2": "CB_TILE_LOADD(4, w0 + g * 32, s0);"}
 
 
 @pytest.fixture(scope="module")
@@ -51,28 +54,47 @@ def _failures(lib, case, dtypes=DTYPES, tokens=TOKENS):
     return bad
 
 
-def test_every_dtype_is_right_on_the_emulated_tiles(runs_here, case, tmp_path):
-    lib = build_profile(EMULATED, build_dir=tmp_path / "build", quiet=True)
-    assert open_library(lib).colibri_uses_amx() == 1
-    assert _failures(lib, case) == []
+@pytest.fixture(scope="module")
+def emulated_lib(runs_here, tmp_path_factory):
+    """The profile's defaults: f32, bf16 and int8 (row layout) take the tiles."""
+    return build_profile(EMULATED, build_dir=tmp_path_factory.mktemp("amxemu"), quiet=True)
+
+
+def test_every_dtype_is_right_on_the_emulated_tiles(emulated_lib, case):
+    assert open_library(emulated_lib).colibri_uses_amx() == 1
+    assert _failures(emulated_lib, case) == []
+
+
+def test_int8_on_tiles_gives_the_dot_product_gemms_bits(emulated_lib, case, tmp_path):
+    """amx_int8 sums each group in int32 and scales it in igemm_i8's order: the same bits."""
+    cfg = render.write_config_h(tmp_path / "off.h", {"amx_int8": 0}, signature="0", profile=EMULATED)
+    off = build_profile(EMULATED, config=cfg, build_dir=tmp_path / "build", quiet=True)
+    cases = [case, make_case(H=300, I=301, E=2, k=1, S=129, seed=3)]
+    for c in cases:
+        on_layer, off_layer = (colibri.MoELayer(c.router, c.gate, c.up, c.down, weight_dtype="int8",
+                                                lib=lib, **c.layer_kwargs()) for lib in (emulated_lib, off))
+        for T in (16, 17, 64, 300):
+            x = c.inputs(T, seed=T)
+            assert np.array_equal(on_layer(x), off_layer(x)), f"T={T}"
 
 
 def test_a_wrong_tile_stride_fails_on_the_emulated_tiles(runs_here, case, tmp_path):
-    """A copy of the build tree with the weight tiles' stride off by one tile row (64 bytes):
-    it builds, and the f32/bf16 layers it computes on tiles are wrong."""
+    """A copy of the build tree with the weight tiles' stride 64 bytes off: it builds, and the
+    f32, bf16 and int8 layers it computes on tiles are wrong."""
     tree = tmp_path / "tree"
     for name in ("kernels", "templates", "profiles", "colibri_build"):
         shutil.copytree(ROOT / name, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "SConstruct", tree / "SConstruct")
-    amx = tree / "templates" / "expert_ffn" / "amx.j2"
-    text = amx.read_text()
-    assert text.count(A_STRIDE) >= 2, "amx.j2 no longer loads its weight tiles this way"
-    amx.write_text(text.replace(A_STRIDE, "AM_KC * 2 + 64);"))
+    for name, stride in STRIDES.items():
+        path = tree / "templates" / "expert_ffn" / name
+        text = path.read_text()
+        assert stride in text, f"{name} no longer loads its weight tiles this way"
+        path.write_text(text.replace(stride, stride.replace(");", " + 64);")))
     env = dict(os.environ, PYTHONPATH=str(tree))
     res = subprocess.run([sys.executable, "-m", "SCons", "-Q", f"profile={EMULATED}",
                           f"build_dir={tmp_path / 'build'}"], cwd=tree, env=env,
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     lib = tmp_path / "build" / EMULATED / "libcolibri.so"
-    bad = _failures(lib, case, dtypes=("f32", "bf16"), tokens=(300,))
-    assert len(bad) == 2, bad
+    bad = _failures(lib, case, dtypes=("f32", "bf16", "int8"), tokens=(300,))
+    assert len(bad) == 3, bad

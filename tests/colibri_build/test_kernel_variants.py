@@ -85,6 +85,8 @@ def _knobs(corner):
     avx2_packs = k["isa"] == "avx2" and corner[1] != "zen3"
     rows_only = corner[1] == "zen3"
     k["layout_int8"] = "interleaved" if (i % 2 == 0 or avx2_packs) and not rows_only else "rows"
+    # int8 on AMX tiles where its rows are in the layout the tiles read (off on packed corners)
+    k["amx_int8"] = int(k["layout_int8"] == "rows")
     k["vec_rows"] = 2 if i % 4 in (0, 1) else 1
     k["prefill_vec_rows"] = 2 if i % 4 == 0 and k["prefill_tok_block"] <= 2 else 1
     k["prefill_kc_int8"] = (128, 256, 1024, 4096)[i // 2 % 4]
@@ -105,7 +107,7 @@ EMULATED = "sapphirerapids-amx-emulated"
 
 
 def _targets_amx(knobs, profile):
-    return ((knobs["amx_f32"] or knobs["amx_bf16"]) and knobs["isa"] == "avx512"
+    return ((knobs["amx_f32"] or knobs["amx_bf16"] or knobs["amx_int8"]) and knobs["isa"] == "avx512"
             and profile in ("sapphirerapids", EMULATED))
 
 
@@ -219,7 +221,7 @@ def test_corners_cover_every_knob_value():
         assert {k[name] for k in vnni} == set(spec.knobs[name].values), name
     # the AMX knobs, where AMX is compiled in
     amx = [_knobs(c) for c in CORNERS if c[:2] == ("avx512", "sapphirerapids")]
-    for name in ("amx_f32", "amx_bf16", "amx_kc", "amx_f32_min_tokens"):
+    for name in ("amx_f32", "amx_bf16", "amx_int8", "amx_kc", "amx_f32_min_tokens"):
         assert {k[name] for k in amx} == set(spec.knobs[name].values), name
     assert {k["amx_kc"] for k in amx if k["amx_f32"] or k["amx_bf16"]} == set(spec.knobs["amx_kc"].values)
     assert {(k["amx_f32"], k["amx_bf16"]) for k in amx} >= {(1, 0), (0, 1), (1, 1)}

@@ -62,8 +62,8 @@ def test_amx_build_requires_and_has_tile_products(built):
     if "-march=sapphirerapids" not in profiles.resolve("sapphirerapids").cflags:
         pytest.skip("this compiler has no -march=sapphirerapids: the build has no AMX")
     assert r.ok is True, r.message
-    assert "tdpbf16ps" in r.promised["require"]
-    assert r.found["tdpbf16ps"] > 0
+    assert {"tdpbf16ps", "tdpbssd"} <= set(r.promised["require"])
+    assert r.found["tdpbf16ps"] > 0 and r.found["tdpbssd"] > 0
 
 
 AMX_DISASM = """
@@ -71,6 +71,8 @@ AMX_DISASM = """
     1000:	vmovups	zmm0, zmm1
     1004:	tdpbf16ps	tmm0, tmm4, tmm6
     1008:	call	1200 <cb_emu_dpbf16ps@plt>
+    100c:	tdpbssd	tmm0, tmm4, tmm6
+    1010:	call	1210 <cb_emu_dpbssd@plt>
 """
 
 
@@ -84,6 +86,11 @@ AMX_DISASM = """
     # the emulated unit: its calls stand for the products
     (["-mavx512bf16", "-DCB_AMX_EMULATED=1"], {"amx_bf16": 1}, "tdpbf16ps", None),
     (["-mavx512bf16", "-DCB_AMX_EMULATED=1"], {"amx_bf16": 1}, "call", "cb_emu_dpbf16ps instructions"),
+    # int8 on tiles: tdpbssd, or the emulated unit's calls
+    (["-mamx-tile", "-mamx-int8", "-mavx512vnni"], {"amx_int8": 1}, None, None),
+    (["-mamx-tile", "-mamx-int8", "-mavx512vnni"], {"amx_int8": 1}, "tdpbssd", "tdpbssd instructions"),
+    (["-mamx-tile", "-mamx-int8", "-mavx512vnni"], {"amx_int8": 0}, "tdpbssd", None),
+    (["-mavx512vnni", "-DCB_AMX_EMULATED=1"], {"amx_int8": 1}, "call", "cb_emu_dpbssd instructions"),
 ])
 @pytest.mark.skipif(not X86 or shutil.which("gcc") is None, reason="x86-64 gcc's macros")
 def test_amx_tile_products_are_required_by_the_build_flags(tmp_path, monkeypatch, cflags, knobs,
