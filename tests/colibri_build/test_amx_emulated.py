@@ -56,7 +56,7 @@ def _failures(lib, case, dtypes=DTYPES, tokens=TOKENS):
 
 @pytest.fixture(scope="module")
 def emulated_lib(runs_here, tmp_path_factory):
-    """The profile's defaults: f32, bf16 and int8 (row layout) take the tiles."""
+    """The profile's defaults: f32, bf16, int8 and int4 (row layouts) take the tiles."""
     return build_profile(EMULATED, build_dir=tmp_path_factory.mktemp("amxemu"), quiet=True)
 
 
@@ -65,13 +65,16 @@ def test_every_dtype_is_right_on_the_emulated_tiles(emulated_lib, case):
     assert _failures(emulated_lib, case) == []
 
 
-def test_int8_on_tiles_gives_the_dot_product_gemms_bits(emulated_lib, case, tmp_path):
-    """amx_int8 sums each group in int32 and scales it in igemm_i8's order: the same bits."""
-    cfg = render.write_config_h(tmp_path / "off.h", {"amx_int8": 0}, signature="0", profile=EMULATED)
-    off = build_profile(EMULATED, config=cfg, build_dir=tmp_path / "build", quiet=True)
-    cases = [case, make_case(H=300, I=301, E=2, k=1, S=129, seed=3)]
-    for c in cases:
-        on_layer, off_layer = (colibri.MoELayer(c.router, c.gate, c.up, c.down, weight_dtype="int8",
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_int_on_tiles_gives_the_dot_product_gemms_bits(emulated_lib, case, dtype, tmp_path_factory):
+    """amx_int8 / amx_int4 sum each group in int32 and scale it in igemm.j2's order: the same
+    bits as the dot-product gemm."""
+    root = tmp_path_factory.getbasetemp() / "amx_int_off"
+    cfg = render.write_config_h(tmp_path_factory.mktemp("cfg") / "off.h", {"amx_int8": 0, "amx_int4": 0},
+                                signature="0", profile=EMULATED)
+    off = build_profile(EMULATED, config=cfg, build_dir=root, quiet=True)  # the second dtype reuses it
+    for c in (case, make_case(H=300, I=301, E=2, k=1, S=129, seed=3)):
+        on_layer, off_layer = (colibri.MoELayer(c.router, c.gate, c.up, c.down, weight_dtype=dtype,
                                                 lib=lib, **c.layer_kwargs()) for lib in (emulated_lib, off))
         for T in (16, 17, 64, 300):
             x = c.inputs(T, seed=T)
@@ -80,7 +83,7 @@ def test_int8_on_tiles_gives_the_dot_product_gemms_bits(emulated_lib, case, tmp_
 
 def test_a_wrong_tile_stride_fails_on_the_emulated_tiles(runs_here, case, tmp_path):
     """A copy of the build tree with the weight tiles' stride 64 bytes off: it builds, and the
-    f32, bf16 and int8 layers it computes on tiles are wrong."""
+    f32, bf16, int8 and int4 layers it computes on tiles are wrong."""
     tree = tmp_path / "tree"
     for name in ("kernels", "templates", "profiles", "colibri_build"):
         shutil.copytree(ROOT / name, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -96,5 +99,5 @@ def test_a_wrong_tile_stride_fails_on_the_emulated_tiles(runs_here, case, tmp_pa
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     lib = tmp_path / "build" / EMULATED / "libcolibri.so"
-    bad = _failures(lib, case, dtypes=("f32", "bf16", "int8"), tokens=(300,))
-    assert len(bad) == 3, bad
+    bad = _failures(lib, case, dtypes=("f32", "bf16", "int8", "int4"), tokens=(300,))
+    assert len(bad) == 4, bad

@@ -62,8 +62,8 @@ def test_amx_build_requires_and_has_tile_products(built):
     if "-march=sapphirerapids" not in profiles.resolve("sapphirerapids").cflags:
         pytest.skip("this compiler has no -march=sapphirerapids: the build has no AMX")
     assert r.ok is True, r.message
-    assert {"tdpbf16ps", "tdpbssd"} <= set(r.promised["require"])
-    assert r.found["tdpbf16ps"] > 0 and r.found["tdpbssd"] > 0
+    assert {"tdpbf16ps", "tdpbssd", "tdpbusd"} <= set(r.promised["require"])
+    assert r.found["tdpbf16ps"] > 0 and r.found["tdpbssd"] > 0 and r.found["tdpbusd"] > 0
 
 
 AMX_DISASM = """
