@@ -101,3 +101,15 @@ def test_a_wrong_tile_stride_fails_on_the_emulated_tiles(runs_here, case, tmp_pa
     lib = tmp_path / "build" / EMULATED / "libcolibri.so"
     bad = _failures(lib, case, dtypes=("f32", "bf16", "int8", "int4"), tokens=(300,))
     assert len(bad) == 4, bad
+
+
+def test_the_amx_timing_script_says_whether_this_host_can_run_it():
+    """scripts/amx-timing, the prepared run for an AMX host (docs/amx.md): --check answers
+    at once, with the reason where the answer is no, and runs nothing."""
+    res = subprocess.run([str(ROOT / "scripts" / "amx-timing"), "--check"], capture_output=True,
+                         text=True, timeout=60)
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if "amx_tile" in flags and "amx_int8" in flags:
+        assert res.returncode == 0 and "has AMX" in res.stdout
+    else:
+        assert res.returncode == 3 and "nothing run" in res.stderr, res.stderr
