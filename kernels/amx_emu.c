@@ -33,6 +33,9 @@ static void fault_default(const char *why) {
 }
 
 static cb_emu_fault_fn on_fault = fault_default;
+static unsigned long long products; /* every thread's, atomically */
+
+unsigned long long cb_emu_products(void) { return __atomic_load_n(&products, __ATOMIC_RELAXED); }
 
 cb_emu_fault_fn cb_emu_on_fault(cb_emu_fault_fn fn) {
     cb_emu_fault_fn old = on_fault;
@@ -152,6 +155,7 @@ static float add_rne(float a, float b) {
 
 void cb_emu_dpbf16ps(int c, int a, int b) {
     if (!product_ok(c, a, b, "tdpbf16ps")) return;
+    __atomic_fetch_add(&products, 1, __ATOMIC_RELAXED);
     const int M = st.rows[c], N = st.colsb[c] / 4, K = st.colsb[a] / 4;
     float out[16][16];
     memset(out, 0, sizeof out);
@@ -176,6 +180,7 @@ void cb_emu_dpbf16ps(int c, int a, int b) {
 /* C[m][n] += sum over k, i < 4 of A[m][4k + i] * B[k][4n + i], wrapping in 32 bits */
 static void dpb(int c, int a, int b, int a_signed, int b_signed, const char *op) {
     if (!product_ok(c, a, b, op)) return;
+    __atomic_fetch_add(&products, 1, __ATOMIC_RELAXED);
     const int M = st.rows[c], N = st.colsb[c] / 4, K = st.colsb[a] / 4;
     uint32_t out[16][16];
     memset(out, 0, sizeof out);

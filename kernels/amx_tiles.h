@@ -34,6 +34,8 @@ void cb_emu_dpbssd(int c, int a, int b);
 void cb_emu_dpbsud(int c, int a, int b);
 void cb_emu_dpbusd(int c, int a, int b);
 void cb_emu_dpbuud(int c, int a, int b);
+/* Tile products issued so far by every thread (tests count the work a path does). */
+unsigned long long cb_emu_products(void);
 typedef void (*cb_emu_fault_fn)(const char *why);
 /* Installs fn (NULL: the default, print and abort); returns the previous handler. */
 cb_emu_fault_fn cb_emu_on_fault(cb_emu_fault_fn fn);

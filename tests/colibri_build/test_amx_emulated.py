@@ -15,7 +15,7 @@ from moe_data import make_case
 import numpy as np
 
 import colibri
-from colibri import reference
+from colibri import quant, reference
 from colibri._lib import build_profile, open_library
 from colibri_build import cpuinfo, profiles, render
 
@@ -63,6 +63,31 @@ def emulated_lib(runs_here, tmp_path_factory):
 def test_every_dtype_is_right_on_the_emulated_tiles(emulated_lib, case):
     assert open_library(emulated_lib).colibri_uses_amx() == 1
     assert _failures(emulated_lib, case) == []
+
+
+@pytest.mark.parametrize("dtype, share", [("bf16", 0.5), ("f32", 2 / 3)])
+def test_activations_exact_in_bf16_skip_the_lo_products(emulated_lib, dtype, share):
+    """A bf16 model's activations are exact in bf16: their lo halves are zero, and the gate/up
+    tiles leave those products out (bf16 weights: 1 of 2, f32: 1 of 3), with the same result
+    quality. The down projection's input (the engine's f32 h) keeps its lo products, so the
+    layer issues between `share` and all of the products; the emulated unit counts them."""
+    import ctypes
+
+    c = make_case(H=300, I=301, E=2, k=1, seed=3)
+    layer = colibri.MoELayer(c.router, c.gate, c.up, c.down, weight_dtype=dtype, lib=emulated_lib,
+                             **c.layer_kwargs())
+    count = ctypes.CDLL(str(emulated_lib)).cb_emu_products
+    count.restype = ctypes.c_ulonglong
+    x = c.inputs(300, seed=11)
+    xb = quant.roundtrip(x, "bf16")  # exact in bf16
+    done = {}
+    for name, inp in (("f32", x), ("bf16-exact", xb)):
+        before = count()
+        ok, _, msg = reference.compare(layer(inp), c.reference(inp, dtype), dtype)
+        assert ok, f"{name}: {msg}"
+        done[name] = count() - before
+    assert done["f32"] > 0
+    assert share * done["f32"] < done["bf16-exact"] < 0.95 * done["f32"], done
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])

@@ -251,7 +251,9 @@ def check_library(lib: str | Path, *, isa: str | None = None, features=None,
         if counts.get(cls, 0) > 0:
             problems.append(f"{counts[cls]} instructions use {cls} registers, which the profile "
                             f"does not allow (it does not require {FORBIDDEN_WITHOUT[arch][cls]})")
-    used = ", ".join(f"{k} {v}" for k, v in counts.items())
+    # register classes always; an instruction class (AMX, Arm levels) where found or required
+    used = ", ".join(f"{k} {v}" for k, v in counts.items()
+                     if v or k in require or k in REGISTER_CLASSES.get(arch, {}))
     if problems:
         result.ok = False
         result.message = "; ".join(problems) + f" (found: {used})"
