@@ -34,10 +34,11 @@ KERNEL = "expert_ffn"
 # not make any of them slower (tuner/decide.py).
 
 
-def in_class(spec, p, cls: str) -> bool:
-    """Problem p lies in the domain of class cls: its kernel path (decode, prefill, gemm by
-    tokens per expert, problems.path_of) and its dtype are among the class's knobs'."""
-    return spec.class_domain(cls).covers(problems_mod.path_of(p), p.dtype)
+def in_class(spec, p, cls: str, knobs=None) -> bool:
+    """Problem p lies in the domain of class cls: its kernel path under `knobs` (decode,
+    prefill, gemm by tokens per expert, problems.path_of) and its dtype are among the
+    class's knobs'."""
+    return spec.class_domain(cls).covers(problems_mod.path_of(p, knobs), p.dtype)
 
 
 def default_problems(spec, shape: str = problems_mod.DEFAULT_SHAPE) -> tuple[str, ...]:

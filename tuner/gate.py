@@ -54,10 +54,12 @@ def matrix(shapes_, dtypes=DTYPES, phases=PHASES) -> list[str]:
     return out
 
 
-def owners(spec, changed: dict[str, list[str]], problem) -> list[str]:
-    """The changed classes whose domain covers the problem's kernel path and dtype."""
-    path = problems_mod.path_of(problem)
-    return [c for c in changed if spec.class_domain(c).covers(path, problem.dtype)]
+def owners(spec, changed: dict[str, list[str]], problem, knobs=()) -> list[str]:
+    """The changed classes whose domain covers the problem's kernel path and dtype, under
+    any of `knobs` (flat knob values: the default's and the candidate's, whose gemm
+    thresholds and layouts may differ; none: the template's defaults)."""
+    paths = {problems_mod.path_of(problem, k) for k in knobs or [None]}
+    return [c for c in changed if any(spec.class_domain(c).covers(path, problem.dtype) for path in paths)]
 
 
 def _threads(cfg_threads) -> list[int]:
@@ -187,7 +189,8 @@ def _cells(t, cand: dict, changed: dict, tuned_shapes: dict, extra) -> tuple[lis
                                     *(s for s in extra if _class_of(s) == sc)]))
         for name in matrix(names):
             p = problems_mod.problem(name)
-            own = owners(t.spec, classes, p)
+            own = owners(t.spec, classes, p, [shapes.for_class(t.default_assignment, sc),
+                                              shapes.for_class(cand, sc)])
             if own:
                 probs.append(p)
                 owner[p.name] = (sc, own)

@@ -78,7 +78,7 @@ def tune_shape_class(t: Tuner, sc: str, probs: list) -> dict:
     t.current_shape = sc
     base, done, skipped = t.default_for(sc), [], []
     for cls, knobs in t.classes.items():
-        t.problems = [p for p in probs if in_class(t.spec, p, cls)]
+        t.problems = [p for p in probs if in_class(t.spec, p, cls, base)]
         why = "no problem of this run lies in its domain" if not t.problems else None
         why = why or t.class_applies(cls, base)
         space = t.class_space(cls, base) if why is None else None
@@ -88,7 +88,7 @@ def tune_shape_class(t: Tuner, sc: str, probs: list) -> dict:
             t.say(f"class {cls}: not tuned: {why}")
             skipped.append({"class": cls, "knobs": list(knobs), "why": why})
             continue
-        missing = _uncovered(t, cls)
+        missing = _uncovered(t, cls, base)
         if missing:
             t.say(f"class {cls}: warning: this run's problems leave part of its domain "
                   f"unmeasured ({', '.join(missing)}); the gate still checks them")
@@ -164,11 +164,11 @@ def _write_report(t: Tuner, summary: dict) -> dict:
     return {"html": str(res["html"]), "md": str(res["md"]), "errors": res["errors"]}
 
 
-def _uncovered(t: Tuner, cls: str) -> list[str]:
-    """The class's (path, dtype) cells that no problem of the run measures."""
+def _uncovered(t: Tuner, cls: str, base: dict) -> list[str]:
+    """The class's (path, dtype) cells that no problem of the run measures under `base`."""
     from tuner.measure import problems as problems_mod
 
-    have = {(problems_mod.path_of(p), p.dtype) for p in t.problems}
+    have = {(problems_mod.path_of(p, base), p.dtype) for p in t.problems}
     return [f"{path}/{dtype}" for path, dtype in t.spec.class_domain(cls).cells()
             if (path, dtype) not in have]
 

@@ -27,11 +27,15 @@ def make(t, per_shape: dict, knobs: dict, wall: float, current) -> dict:
 
 
 def _tuned(summary: dict, t, knobs: dict) -> None:
-    """Per shape class, the knob values it runs besides the defaults and their classes."""
+    """Per shape class, the knob values it runs besides the base knobs, and the classes
+    this run changed from the default build's (the profile's values for that class, which
+    a promote may already have set, are not this run's doing)."""
     tuned = shapes.split(knobs)[1]
     for sc, r in summary["shape_classes"].items():
         r["knobs"] = tuned.get(sc, {})
-        r["tuned_classes"] = [c for c, ks in t.classes.items() if any(k in r["knobs"] for k in ks)]
+        mine, dflt = shapes.for_class(knobs, sc), shapes.for_class(t.default_assignment, sc)
+        changed = {k for k, v in mine.items() if dflt.get(k) != v}
+        r["tuned_classes"] = [c for c, ks in t.classes.items() if changed.intersection(ks)]
 
 
 def _make(t, per_shape: dict, knobs: dict, wall: float, current) -> dict:

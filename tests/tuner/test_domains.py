@@ -110,3 +110,20 @@ def test_quick_values_must_be_values_of_the_knob(tmp_path):
                       "    class: c\n    domain: {paths: [decode], dtypes: [f32]}\n")
     with pytest.raises(render.KnobError, match="quick"):
         load()
+
+
+def test_a_packed_int_dtype_runs_the_prefill_kernels_up_to_its_own_gemm_threshold():
+    # qwen3 prefill512 gives 32 tokens per expert: the gemm paths in the row layouts (from
+    # gemm_min_tokens, 16), the prefill class's weight-as-vector kernels where int4 is packed
+    # (up to pk_gemm_min_tokens, 128), so its prefill knobs are measured and gated there
+    p = problems.problem("qwen3-30b-a3b/prefill512/int4")
+    packed = {"layout_int4": "interleaved", "pk_gemm_min_tokens_int4": 128, "gemm_min_tokens_int4": 16}
+    assert problems.path_of(p) == "gemm"
+    assert problems.path_of(p, {**packed, "layout_int4": "rows"}) == "gemm"
+    assert problems.path_of(p, packed) == "prefill"
+    assert problems.path_of(p, {**packed, "pk_gemm_min_tokens_int4": 32}) == "gemm"
+    assert run.in_class(SPEC, p, "prefill_int4", packed)
+    assert not run.in_class(SPEC, p, "prefill_int4", {**packed, "layout_int4": "rows"})
+    assert not run.in_class(SPEC, p, "igemm", packed)
+    # int4k has no gemm: every prefill runs its packed kernels
+    assert problems.path_of(problems.problem("qwen3-30b-a3b/prefill512/int4k")) == "prefill"

@@ -116,6 +116,21 @@ def test_the_gate_covers_each_path_of_a_shape_with_few_experts(tmp_path, fake):
     assert {n.split("/")[1] for n in timed} == {"prefill32"}
 
 
+def test_a_packed_int4_prefill_knob_is_gated_where_its_kernels_run(tmp_path, fake):
+    # packed int4 runs the prefill class's kernels up to pk_gemm_min_tokens (128): qwen3's
+    # prefill512 (32 tokens per expert) is on that path, and the gate times it; in the row
+    # layout it is on the gemm path and prefill_prefetch_int4 does not reach it
+    t = _tuner(tmp_path)
+    for layout, want in (("interleaved", {"prefill128", "prefill512"}), ("rows", {"prefill128"})):
+        fake.measured.clear()
+        t.default_assignment = t.default = {**DEFAULT, "layout_int4": layout}
+        cand = shapes.join(t.default, {QWEN3: {"prefill_prefetch_int4": 4096}})
+        gate.run_gate(t, cand, {QWEN3: ["qwen3-30b-a3b"]})
+        (_, timed), = fake.measured
+        assert {n.split("/")[1] for n in timed} == want, layout
+        assert {n.split("/")[2] for n in timed} == {"int4"}
+
+
 def test_a_candidate_that_fails_a_cell_is_not_shipped(tmp_path, fake, monkeypatch):
     t = _tuner(tmp_path)
     cand = _cand(**{TINY: {"rows": 1, "prefetch_int4": 4096}})

@@ -124,11 +124,14 @@ def problem(name: str) -> Problem:
 
 
 # Kernel paths (the knobs file's `domain: paths`). An expert with <= 2 tokens runs the
-# decode kernels (CB_DECODE_MAX_TOKENS in the template), one with gemm_min_tokens (16 by
-# default) or more the gemm paths, one in between the prefill dot kernels. A problem
-# stands for the path its mean tokens per expert (T * k / E) falls on, and a path is
-# tuned on the problem of the shape that gives this many tokens per expert (routing
-# spreads them: some experts get fewer, some more).
+# decode kernels (CB_DECODE_MAX_TOKENS in the template), one with at least the gemm
+# threshold the gemm paths, one in between the prefill kernels. The threshold is a knob:
+# gemm_min_tokens_<dtype> (16 by default) for the row layouts, pk_gemm_min_tokens_<dtype>
+# (128 by default) where an int dtype is packed (layout_<dtype>=interleaved): there the
+# prefill class's weight-as-vector kernels run every expert below it. A problem stands
+# for the path its mean tokens per expert (T * k / E) falls on, and a path is tuned on
+# the problem of the shape that gives this many tokens per expert (routing spreads them:
+# some experts get fewer, some more).
 DECODE_MAX_TOKENS = 2
 GEMM_FROM_TOKENS = 16
 PATH_TOKENS = {"prefill": 8, "gemm": 32}
@@ -136,12 +139,24 @@ PATH_TOKENS = {"prefill": 8, "gemm": 32}
 DEFAULT_SHAPE = "qwen3-30b-a3b"
 
 
-def path_of(p: Problem) -> str:
-    """The kernel path problem p exercises most: decode, prefill or gemm."""
+def gemm_from_tokens(dtype: str, knobs=None) -> float:
+    """Tokens per expert from which `dtype` runs the gemm paths under `knobs` (the flat
+    knob values of one shape class; None: the template's default row layouts)."""
+    if dtype == "int4k":  # packed wherever there is an int dot, and no gemm of its own
+        return float("inf")
+    knobs = knobs or {}
+    if knobs.get(f"layout_{dtype}") == "interleaved":
+        return knobs.get(f"pk_gemm_min_tokens_{dtype}", 128)
+    return knobs.get(f"gemm_min_tokens_{dtype}", GEMM_FROM_TOKENS)
+
+
+def path_of(p: Problem, knobs=None) -> str:
+    """The kernel path problem p exercises most under `knobs` (gemm_from_tokens): decode,
+    prefill or gemm."""
     per_expert = p.T * p.k / p.E
     if p.T <= DECODE_MAX_TOKENS or per_expert <= DECODE_MAX_TOKENS:
         return "decode"
-    return "gemm" if per_expert >= GEMM_FROM_TOKENS else "prefill"
+    return "gemm" if per_expert >= gemm_from_tokens(p.dtype, knobs) else "prefill"
 
 
 def path_phase(shape: str, path: str) -> str:
