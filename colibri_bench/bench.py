@@ -444,56 +444,65 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
             "(pip install torch to compare against it)")
     wdir = build_dir / "tuner" / "weights"
     rows, route_rows = [], []
-    for shape in shapes:
-        for phase in phases:
-            p32 = problems_mod.problem(f"{shape}/{phase}/f32")
-            weights.ensure_f32(wdir, p32, seed, progress=say)
-            w32 = weights.load(wdir, p32, seed)
-            xs = _inputs(p32, max(2, min(64, 2048 // p32.T)), seed + 1)
-            reached = experts_reached(p32, w32["router"], xs)
-            peer_fns = {}
-            if "numpy" in peers:
-                peer_fns["numpy"] = lambda x, w=w32, p=p32: numpy_layer(x, w, p)
-            if "torch" in peers and _torch() is not None:
-                peer_fns["torch"] = torch_layer_fn(w32, p32)
-            for dtype in dtypes:
-                p = problems_mod.problem(f"{shape}/{phase}/{dtype}")
-                # the f32 weights the peers run are >= 4x the LLC for every reference shape
-                copies = resident_copies(p.layer_bytes, llc)
-                path = weights.ensure_model(wdir, p, seed, copies, progress=say)
-                build = lambda name, path=path: Mapped(path, libs[name])  # noqa: E731
-                code = kernel_code(libs, path, dtype)
-                same = len(libs) > 1 and same_code(code)
-                # identical machine code is a tie by construction: timing it again would only
-                # measure this machine's noise (0.92-1.05 on a 2-vCPU VM)
-                timed = libs if time_same or not same else {"colibri-default": libs["colibri-default"]}
-                pks = {th: [] for th in threads_list}
-                per, bws = measure_group(p.name, timed, build, peer_fns, xs, threads_list, rounds,
-                                         min_seconds, bw_fn, say,
-                                         peak_fn(p.dtype) if p.T > 1 else None, pks)
-                for threads in threads_list:
-                    for r in group_rows(p, p32, per[threads], bws[threads], threads,
-                                        {name: copies for name in libs}, reached, peaks,
-                                        pks[threads]):
-                        if r["impl"] in code:
-                            r["kernels"] = code[r["impl"]]["kernels"]
-                            r["part"] = code[r["impl"]]["part"]
-                            r["same_code"] = same if r["impl"] == "colibri-tuned" else None
-                        rows.append(r)
-                        say(_fmt(r))
-                        if r["impl"] == "colibri-default" and same and timed is not libs:
-                            r["tuned_same_code"] = {"kernels": code["colibri-tuned"]["kernels"],
-                                                    "part": code["colibri-tuned"]["part"]}
-                            say(_fmt_same(r))
-        p = problems_mod.problem(f"{shape}/prefill{ROUTE_T}/f32")
-        t_route = time_route(lib, p, ROUTE_T, min_seconds)
-        layer_rows = [r for r in rows if r["case"] == p.name and r["impl"] == "colibri-default"]
-        fastest = min((r["seconds"] for r in layer_rows), default=None)
-        route_rows.append({"shape": shape, "T": ROUTE_T, "E": p.E, "k": p.k,
-                           "route_seconds": t_route,
-                           "layer_seconds": fastest,
-                           "pct_of_layer": 100 * t_route / fastest if fastest else None})
-        say(_fmt_route(route_rows[-1]))
+    where = None
+    try:
+        for shape in shapes:
+            for phase in phases:
+                p32 = problems_mod.problem(f"{shape}/{phase}/f32")
+                where = f"{shape}/{phase}"
+                weights.ensure_f32(wdir, p32, seed, progress=say)
+                w32 = weights.load(wdir, p32, seed)
+                xs = _inputs(p32, max(2, min(64, 2048 // p32.T)), seed + 1)
+                reached = experts_reached(p32, w32["router"], xs)
+                peer_fns = {}
+                if "numpy" in peers:
+                    peer_fns["numpy"] = lambda x, w=w32, p=p32: numpy_layer(x, w, p)
+                if "torch" in peers and _torch() is not None:
+                    peer_fns["torch"] = torch_layer_fn(w32, p32)
+                for dtype in dtypes:
+                    p = problems_mod.problem(f"{shape}/{phase}/{dtype}")
+                    where = p.name
+                    # the f32 weights the peers run are >= 4x the LLC for every reference shape
+                    copies = resident_copies(p.layer_bytes, llc)
+                    path = weights.ensure_model(wdir, p, seed, copies, progress=say)
+                    build = lambda name, path=path: Mapped(path, libs[name])  # noqa: E731
+                    code = kernel_code(libs, path, dtype)
+                    same = len(libs) > 1 and same_code(code)
+                    # identical machine code is a tie by construction: timing it again would only
+                    # measure this machine's noise (0.92-1.05 on a 2-vCPU VM)
+                    timed = libs if time_same or not same else {"colibri-default": libs["colibri-default"]}
+                    pks = {th: [] for th in threads_list}
+                    per, bws = measure_group(p.name, timed, build, peer_fns, xs, threads_list, rounds,
+                                             min_seconds, bw_fn, say,
+                                             peak_fn(p.dtype) if p.T > 1 else None, pks)
+                    for threads in threads_list:
+                        for r in group_rows(p, p32, per[threads], bws[threads], threads,
+                                            {name: copies for name in libs}, reached, peaks,
+                                            pks[threads]):
+                            if r["impl"] in code:
+                                r["kernels"] = code[r["impl"]]["kernels"]
+                                r["part"] = code[r["impl"]]["part"]
+                                r["same_code"] = same if r["impl"] == "colibri-tuned" else None
+                            rows.append(r)
+                            say(_fmt(r))
+                            if r["impl"] == "colibri-default" and same and timed is not libs:
+                                r["tuned_same_code"] = {"kernels": code["colibri-tuned"]["kernels"],
+                                                        "part": code["colibri-tuned"]["part"]}
+                                say(_fmt_same(r))
+            p = problems_mod.problem(f"{shape}/prefill{ROUTE_T}/f32")
+            t_route = time_route(lib, p, ROUTE_T, min_seconds)
+            layer_rows = [r for r in rows if r["case"] == p.name and r["impl"] == "colibri-default"]
+            fastest = min((r["seconds"] for r in layer_rows), default=None)
+            route_rows.append({"shape": shape, "T": ROUTE_T, "E": p.E, "k": p.k,
+                               "route_seconds": t_route,
+                               "layer_seconds": fastest,
+                               "pct_of_layer": 100 * t_route / fastest if fastest else None})
+            say(_fmt_route(route_rows[-1]))
+    except (OSError, RuntimeError, MemoryError) as e:
+        # a full disk or a failed group keeps the rows measured before it
+        incomplete = f"stopped at {where}: {type(e).__name__}: {e}"
+    else:
+        incomplete = None
     if len(libs) > 1:
         say(tuned_summary(rows))
     return {"host_id": hostid.host_id(), "profile": profile,
@@ -501,7 +510,8 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
             "blas_env": {k: os.environ.get(k) for k in BLAS_ENV}, "blas": blas_info(),
             "rounds": rounds, "min_seconds": min_seconds, "compute_peaks": peaks,
             "rows": rows, "routing": route_rows,
-            "torch": getattr(_torch(), "__version__", None), "created": time.time()}
+            "torch": getattr(_torch(), "__version__", None), "created": time.time(),
+            "incomplete": incomplete}
 
 
 ROUND_PEAK_SECONDS = 0.05  # one unit's burst in a round
@@ -592,7 +602,8 @@ def _fmt_route(r):
 def main(argv=None) -> int:
     ap = _cli.Parser(
         prog="python -m colibri_bench bench", description=__doc__.split("\n\n")[0],
-        epilog="Exit status: 0 done, 1 a measurement failed, 2 usage error.")
+        epilog="Exit status: 0 done, 1 a measurement failed (the rows measured before it are still "
+               "written, with \"incomplete\" saying where and why), 2 usage error.")
     ap.add_argument("--shape", action="append", choices=sorted(problems_mod.SHAPES),
                     help=f"model shape (repeatable; default: {', '.join(REFERENCE_SHAPES)})")
     ap.add_argument("--dtype", action="append", choices=list(quant.DTYPES),
@@ -641,7 +652,15 @@ def main(argv=None) -> int:
     path = Path(args.out) if args.out else reports_dir_default() / out["host_id"] / "bench.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(out, indent=1))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(out, indent=1))
+        os.replace(tmp, path)
+    except OSError as e:
+        print(f"bench: cannot write {path}: {e}", file=sys.stderr)
+        return 1
+    if out["incomplete"]:
+        print(f"bench: {out['incomplete']}; the {len(out['rows'])} row(s) measured before it are "
+              f"written: {path}", file=sys.stderr)
+        return 1
     print(f"written: {path}")
     return 0

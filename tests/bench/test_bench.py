@@ -181,3 +181,28 @@ def test_a_cell_whose_parts_match_is_not_timed_for_the_tuned_library(tmp_path, m
     tuned = next(r for r in out["rows"] if r["impl"] == "colibri-tuned")
     assert tuned["same_code"] is True and tuned["tuned_vs_default"] > 0
     assert said[-1] == "tuned vs default: 1 cell(s) run the default's machine code; 0 cell(s) differ"
+
+
+def test_a_group_that_fails_keeps_the_rows_measured_before_it(tmp_path, monkeypatch):
+    # a full disk while writing the second dtype's model file: the first dtype's rows are
+    # returned and written, with where and why it stopped, and the exit status says so
+    from colibri_bench import bench
+    from tuner.measure import weights
+
+    real = weights.ensure_model
+
+    def ensure_model(wdir, p, *a, **k):
+        if p.dtype == "int8":
+            raise OSError(28, "No space left on device")
+        return real(wdir, p, *a, **k)
+
+    monkeypatch.setattr(weights, "ensure_model", ensure_model)
+    out = tmp_path / "bench.json"
+    rc = bench.main(["--shape", "tiny", "--dtype", "f32", "--dtype", "int8", "--phase", "decode",
+                     "--threads", "1", "--rounds", "1", "--min-seconds", "0.02", "--no-numpy",
+                     "--no-torch", "--keep-blas-env", "--out", str(out)])
+    assert rc == 1
+    data = json.loads(out.read_text())
+    assert {r["case"] for r in data["rows"]} == {"tiny/decode/f32"}
+    assert data["incomplete"] == ("stopped at tiny/decode/int8: OSError: [Errno 28] No space "
+                                  "left on device")
