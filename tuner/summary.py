@@ -182,7 +182,8 @@ def headline(summary: dict) -> str:
         if mine:
             lo, hi = min(x["speedup"] for x in mine), max(x["speedup"] for x in mine)
             paths = sorted({problems_mod.path_of(problems_mod.problem(x["problem"])) for x in mine})
-            gain = (f" {lo:.2f}-{hi:.2f}x on its {'/'.join(paths)} cells"
+            span = f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x"
+            gain = (f" {span} on its {'/'.join(paths)} cells"
                     f" ({mine[0]['source']} medians)")
         parts.append(f"{who}: tuned {', '.join(adopted)},{gain} and the defaults elsewhere")
     if not parts:

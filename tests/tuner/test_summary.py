@@ -26,3 +26,10 @@ def test_the_headline_names_only_the_classes_this_run_changed_from_the_default_b
     line = summary.headline(s)
     assert "tuned gemm_threshold_int8," in line and "decode_f32" not in line
     assert "qwen3-30b-a3b (shape class" in line and "the defaults were kept" in line
+
+
+def test_the_headline_gives_one_figure_where_the_gains_round_alike():
+    s = {"shape_classes": {MIXTRAL: {"shapes": ["mixtral-8x7b"], "tuned_classes": ["prefill_f32"]}},
+         "rows": [{"shape_class": MIXTRAL, "problem": "mixtral-8x7b/prefill32/f32", "speedup": s_,
+                   "source": "gate"} for s_ in (1.0911, 1.0898)]}
+    assert "tuned prefill_f32, 1.09x on its prefill cells (gate medians)" in summary.headline(s)
