@@ -35,7 +35,9 @@ rounds' bursts, the machine's capability while that group ran (a neighbour arriv
 mid-run slowed a whole group by 1.2-2x here, and a roof from the start would have
 counted that against the kernels). "% roof" is
 roof time over measured time: for decode that is the share of the read bandwidth, for
-prefill of whichever bound is higher ("roof by" names it).
+prefill of whichever bound is higher ("roof by" names it). Both are the median over rounds
+of each round's share (its time against the bandwidth read in that round), so a swing of
+the bandwidth between rounds does not pair one round's time with another's reading.
 Where the tuned library runs, for a row's shape and dtype, the same kernel part as the
 default build (kernel_tables.json: the part's name is the hash of its text) from the same
 compiler and flags, the two run the same machine code: the tuned library is not timed
@@ -356,23 +358,32 @@ def group_rows(p, p_peer, per, bws, threads, copies, reached=None, peaks=None, p
         t = _median(ts)
         peer_row = name not in copies
         nbytes = _bytes_per_token(p_peer if peer_row else p)
+        # each round's time against the bandwidth read in that round, where every round has
+        # both: this VM's read bandwidth switches between about 31 and 57 GB/s within a group,
+        # so medians of the two taken apart can pair a kernel's slow rounds with fast readings
+        paired = len(bws) == len(ts) and all(bws)
 
         def ratio(peer):
             if peer not in per or peer == name:
                 return None
             return _median([a / b for a, b in zip(per[peer], ts)])
         gbps = nbytes / t / 1e9 if nbytes else None
-        rf = roof(p_peer if peer_row else p, reached if reached is not None else p.k, bw, peaks,
-                  threads)
+        rp = p_peer if peer_row else p
+        rk = reached if reached is not None else p.k
+        rf = roof(rp, rk, bw, peaks, threads)
+        if paired and rf["roof_seconds"]:
+            share = _median([roof(rp, rk, b, peaks, threads)["roof_seconds"] / x for b, x in zip(bws, ts)])
+            rf = dict(rf, roof_seconds=share * t)
         rows.append({
             "case": p.name, "threads": threads, "impl": name, "rounds": len(ts),
             "weights": p_peer.dtype if peer_row else p.dtype,
             "seconds": t, "ms_per_token": t / p.T * 1e3, "round_seconds": ts,
-            "gbps": gbps, "read_bw_gbps": bw,
+            "gbps": gbps, "read_bw_gbps": bw, "round_read_bw_gbps": list(bws),
             "roof_ms_per_token": rf["roof_seconds"] / p.T * 1e3 if rf["roof_seconds"] else None,
             "pct_of_roof": 100 * rf["roof_seconds"] / t if rf["roof_seconds"] else None,
             "roof_by": rf["roof_by"],
-            "pct_of_read_bw": 100 * gbps / bw if gbps and bw else None,
+            "pct_of_read_bw": (100 * _median([nbytes / x / 1e9 / b for b, x in zip(bws, ts)]) if gbps and paired
+                               else 100 * gbps / bw if gbps and bw else None),
             "compute_peaks_gops": {k: v[str(threads)] for k, v in (peaks or {}).items()
                                    if str(threads) in v},
             "gflops": p.flops / t / 1e9,

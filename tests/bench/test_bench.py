@@ -206,3 +206,26 @@ def test_a_group_that_fails_keeps_the_rows_measured_before_it(tmp_path, monkeypa
     assert {r["case"] for r in data["rows"]} == {"tiny/decode/f32"}
     assert data["incomplete"] == ("stopped at tiny/decode/int8: OSError: [Errno 28] No space "
                                   "left on device")
+
+
+def test_a_decode_rows_share_of_bandwidth_pairs_each_round_with_its_own_reading():
+    # the bandwidth read 30 GB/s in two rounds and 60 in two (this VM switches between such
+    # figures within a group); the kernel streamed 90% of each round's reading. Medians taken
+    # apart would pair its slow rounds with a fast reading and say 80%.
+    from colibri_bench import bench
+    from tuner.measure import problems
+
+    p = problems.problem("tiny/decode/int8")
+    nbytes = bench._bytes_per_token(p)
+    bws = [30.0, 60.0, 30.0, 60.0]
+    ts = [nbytes / (0.9 * b * 1e9) for b in bws]
+    row, = bench.group_rows(p, problems.problem("tiny/decode/f32"), {"colibri-default": ts}, bws, 1,
+                            {"colibri-default": 1}, reached=p.k)
+    assert row["pct_of_read_bw"] == pytest.approx(90.0)
+    assert row["pct_of_roof"] == pytest.approx(90.0) and row["roof_by"] == "read bw"
+    assert row["pct_of_roof"] == pytest.approx(100 * row["roof_ms_per_token"] / row["ms_per_token"])
+    assert row["round_read_bw_gbps"] == bws
+    # a round without a reading: the medians, as before
+    row, = bench.group_rows(p, problems.problem("tiny/decode/f32"), {"colibri-default": ts}, bws[:3], 1,
+                            {"colibri-default": 1}, reached=p.k)
+    assert row["pct_of_read_bw"] == pytest.approx(100 * nbytes / bench._median(ts) / 1e9 / 30.0)
