@@ -50,7 +50,7 @@ void cbk_gateup(int dtype, const cb_mat *gate, const cb_mat *up, const float *X,
 
 void cbk_rows_acc(int dtype, const cb_mat *m, const float *Hin, int ldh, int ntok, const float *tw,
                   const int32_t *tok, int r0, int r1, float *Y, int ldy, void *ws) {
-    cbk_part_of(&cbk_kernels_default, dtype)->rows_acc(dtype, m, Hin, ldh, ntok, tw, tok, r0, r1, Y, ldy, ws);
+    cbk_part_of(&cbk_kernels_default, dtype)->rows_acc(dtype, m, Hin, ldh, ntok, tw, tok, r0, r1, Y, ldy, ws, NULL);
 }
 
 size_t cbk_workspace_bytes(int dtype, int max_cols, int max_tokens) {

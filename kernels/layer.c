@@ -248,7 +248,8 @@ typedef struct {
     const int32_t *tok;
     const float *tw;
     int ntok;
-    float *h; /* [ntok, inter] */
+    float *h;   /* [ntok, inter] */
+    void *prep; /* h prepared once for the down projection (cbk_prep_fn), or NULL */
 } cb_job;
 
 /* Splits [0, n) into nt parts at multiples of `align` (the last part takes the rest). */
@@ -260,28 +261,61 @@ void cb_split_range(int n, int nt, int tid, int align, int *lo, int *hi) {
     *hi = (int)b;
 }
 
+/* The part [*a, *b) of a job's len items, each costing `per`, whose work starts in [lo, hi)
+ * of the total the threads share, the job's own work starting at base; both ends rounded up
+ * to blk items. */
+static void share_of(long base, long per, long len, long lo, long hi, int blk, long *a, long *b) {
+    long r0 = lo > base ? (lo - base + per - 1) / per : 0;
+    long r1 = (hi - base + per - 1) / per;
+    if (r1 > len) r1 = len;
+    r0 = (r0 + blk - 1) / blk * blk;
+    r1 = r1 >= len ? len : (r1 + blk - 1) / blk * blk;
+    *a = r0;
+    *b = r1;
+}
+
 /* Phase 1 for one thread: its slice of the rows x tokens work over all jobs. */
 static void phase_gateup(const colibri_layer *L, const cb_job *jobs, int njobs, const float *x,
                          int tid, int nt, void *ws) {
     long total = 0;
     for (int j = 0; j < njobs; ++j) total += (long)jobs[j].ex->inter * jobs[j].ntok;
     const long lo = total * tid / nt, hi = total * (tid + 1) / nt;
-    const int blk = cbk_rows_block;
     long base = 0;
     for (int j = 0; j < njobs && base < hi; ++j) {
         const cb_job *jb = &jobs[j];
         const long cost = (long)jb->ex->inter * jb->ntok;
         if (base + cost > lo && cost > 0) {
-            /* rows of this job whose work starts in [lo, hi), aligned to the block */
-            long r0 = lo > base ? (lo - base + jb->ntok - 1) / jb->ntok : 0;
-            long r1 = (hi - base + jb->ntok - 1) / jb->ntok;
-            if (r1 > jb->ex->inter) r1 = jb->ex->inter;
-            r0 = (r0 + blk - 1) / blk * blk;
-            r1 = r1 >= jb->ex->inter ? jb->ex->inter : (r1 + blk - 1) / blk * blk;
+            long r0, r1; /* rows of this job whose work starts in [lo, hi), aligned to the block */
+            share_of(base, jb->ntok, jb->ex->inter, lo, hi, cbk_rows_block, &r0, &r1);
             if (r0 < r1)
                 cbk_part_of(L->kernels, L->dtype)->gateup(L->dtype, &jb->ex->gate, &jb->ex->up, x, L->hidden,
                                                           jb->tok, jb->ntok, (int)r0, (int)r1, jb->h,
                                                           jb->ex->inter, ws);
+        }
+        base += cost;
+    }
+}
+
+/* Between the phases, for one thread: its slice of the jobs' h to prepare for the down
+ * projection, in 32-column units (every thread reads all of a job's h for its rows of the
+ * output, and would otherwise convert all of it). */
+static void phase_prep(const colibri_layer *L, const cb_job *jobs, int njobs, int tid, int nt) {
+    long total = 0;
+    for (int j = 0; j < njobs; ++j)
+        if (jobs[j].prep) total += (long)(jobs[j].ex->inter + 31) / 32 * jobs[j].ntok;
+    const long lo = total * tid / nt, hi = total * (tid + 1) / nt;
+    long base = 0;
+    for (int j = 0; j < njobs && base < hi; ++j) {
+        const cb_job *jb = &jobs[j];
+        if (!jb->prep) continue;
+        const int cols = jb->ex->inter;
+        const long cost = (long)(cols + 31) / 32 * jb->ntok;
+        if (base + cost > lo && cost > 0) {
+            long u0, u1;
+            share_of(base, jb->ntok, (cols + 31) / 32, lo, hi, 1, &u0, &u1);
+            if (u0 < u1)
+                cbk_part_of(L->kernels, L->dtype)->prep(L->dtype, jb->h, cols, jb->ntok, cols, (int)u0 * 32,
+                                                        u1 * 32 < cols ? (int)u1 * 32 : cols, jb->prep);
         }
         base += cost;
     }
@@ -365,7 +399,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
         int lo, hi;
         cb_split_range(E, omp_get_num_threads(), omp_get_thread_num(), 1, &lo, &hi);
         if (lo < hi)
-            cbk_part_of(K, COLIBRI_F32)->rows_acc(COLIBRI_F32, &rmat, x, H, T, tw, tok, lo, hi, logits, E, NULL);
+            cbk_part_of(K, COLIBRI_F32)->rows_acc(COLIBRI_F32, &rmat, x, H, T, tw, tok, lo, hi, logits, E, NULL, NULL);
     }
     st = colibri_route(logits, T, E, &L->route, isel, wsel, cnt);
     if (st) {
@@ -401,7 +435,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     for (int e = 0; e < E; ++e) {
         int n = off[e + 1] - off[e];
         if (!n) continue;
-        jobs[njobs++] = (cb_job){&L->experts[e], tok + T + off[e], etw + off[e], n, h};
+        jobs[njobs++] = (cb_job){&L->experts[e], tok + T + off[e], etw + off[e], n, h, NULL};
         h += (size_t)n * L->experts[e].inter;
         if (guards) guard_fill(h), h += CB_GUARD_FLOATS;
     }
@@ -421,23 +455,44 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
             tok[n] = t;
             tw[n++] = g;
         }
-        jobs[njobs++] = (cb_job){&L->shared, tok, tw, n, h};
+        jobs[njobs++] = (cb_job){&L->shared, tok, tw, n, h, NULL};
         if (guards) guard_fill(h + (size_t)n * S);
     }
 
+    /* the down projection's activations, prepared once where its path takes them and more
+     * than one thread would convert them (each thread multiplies all of a job's h with its
+     * rows). At one thread there is nothing to save, and the buffer's fresh pages cost
+     * time; without memory for it, each thread converts its own. */
+    const cbk_part *part = cbk_part_of(K, L->dtype);
+    char *prepbuf = NULL;
+    if (wsb && nt > 1 && part->prep_bytes) {
+        size_t pb = 0;
+        for (int j = 0; j < njobs; ++j) pb += (part->prep_bytes(L->dtype, jobs[j].ex->inter, jobs[j].ntok) + 63) / 64 * 64;
+        if (pb) prepbuf = aligned_alloc(64, pb); /* a multiple of 64 */
+        for (size_t at = 0, j = 0; prepbuf && j < (size_t)njobs; ++j) {
+            const size_t b = part->prep_bytes(L->dtype, jobs[j].ex->inter, jobs[j].ntok);
+            jobs[j].prep = b ? memset(prepbuf + at, 0, 64) : NULL; /* its header: nothing found yet */
+            at += (b + 63) / 64 * 64;
+        }
+    }
 #pragma omp parallel num_threads(nt)
     {
         const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
         void *ws = wsb ? wsbase + (size_t)tid * wsb : NULL;
         phase_gateup(L, jobs, njobs, x, tid, nth, ws);
 #pragma omp barrier
+        if (prepbuf) {
+            phase_prep(L, jobs, njobs, tid, nth);
+#pragma omp barrier
+        }
         int c0, c1;
         cb_split_range(H, nth, tid, 16, &c0, &c1); /* 16 floats: threads never share a cache line of y */
         for (int t = 0; t < T; ++t) memset(y + (size_t)t * H + c0, 0, (size_t)(c1 - c0) * sizeof(float));
         for (int j = 0; j < njobs && c0 < c1; ++j)
-            cbk_part_of(K, L->dtype)->rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter,
-                                               jobs[j].ntok, jobs[j].tw, jobs[j].tok, c0, c1, y, H, ws);
+            part->rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter, jobs[j].ntok, jobs[j].tw,
+                           jobs[j].tok, c0, c1, y, H, ws, jobs[j].prep);
     }
+    free(prepbuf);
     if (guards) {
         int hit = guard_intact(hbuf) ? -2 : -1;
         for (int j = 0; j < njobs && hit == -2; ++j)
