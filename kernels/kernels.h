@@ -16,14 +16,15 @@ typedef void (*cbk_gateup_fn)(int dtype, const cb_mat *gate, const cb_mat *up, c
 typedef void (*cbk_rows_acc_fn)(int dtype, const cb_mat *m, const float *Hin, int ldh, int ntok,
                                 const float *tw, const int32_t *tok, int r0, int r1, float *Y, int ldy,
                                 void *ws, const void *prep);
-/* Activations converted once for every thread that multiplies them, where the path for ntok
- * tokens of cols inputs converts them (the bf16 hi/lo panels of the AMX and pair-dot gemms);
- * without it each thread converts all of them for its own rows. prep_bytes: the bytes
- * (0: that path takes none); prep: columns [c0, c1) of all ntok tokens of Hin into dst
- * (zeroed first; c0 and c1 multiples of 32 or c1 = cols); threads may fill disjoint column
- * ranges of one dst at once. */
-typedef size_t (*cbk_prep_bytes_fn)(int dtype, int cols, int ntok);
-typedef void (*cbk_prep_fn)(int dtype, const float *Hin, int ldh, int ntok, int cols, int c0, int c1, void *dst);
+/* Activations converted once for every thread that multiplies them by m, where the path for
+ * ntok tokens converts them (the bf16 hi/lo panels of the AMX and pair-dot gemms, the int
+ * gemms' quantized panels); without it each thread converts all of them for its own rows.
+ * prep_bytes: the bytes (0: that path takes none); prep: columns [c0, c1) of all ntok tokens
+ * of Hin into dst, whose first 64 bytes (a header) are zeroed first; c0 and c1 multiples of
+ * 32 or c1 = m->cols; threads may fill disjoint column ranges of one dst at once. */
+typedef size_t (*cbk_prep_bytes_fn)(int dtype, const cb_mat *m, int ntok);
+typedef void (*cbk_prep_fn)(int dtype, const cb_mat *m, const float *Hin, int ldh, int ntok, int c0, int c1,
+                            void *dst);
 /* Per-thread workspace for matrices of up to max_cols columns and max_tokens tokens
  * (the int4 kernels quantize their activations into it; 0 for the other dtypes). */
 typedef size_t (*cbk_workspace_fn)(int dtype, int max_cols, int max_tokens);

@@ -314,7 +314,7 @@ static void phase_prep(const colibri_layer *L, const cb_job *jobs, int njobs, in
             long u0, u1;
             share_of(base, jb->ntok, (cols + 31) / 32, lo, hi, 1, &u0, &u1);
             if (u0 < u1)
-                cbk_part_of(L->kernels, L->dtype)->prep(L->dtype, jb->h, cols, jb->ntok, cols, (int)u0 * 32,
+                cbk_part_of(L->kernels, L->dtype)->prep(L->dtype, &jb->ex->down, jb->h, cols, jb->ntok, (int)u0 * 32,
                                                         u1 * 32 < cols ? (int)u1 * 32 : cols, jb->prep);
         }
         base += cost;
@@ -467,10 +467,10 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     char *prepbuf = NULL;
     if (wsb && nt > 1 && part->prep_bytes) {
         size_t pb = 0;
-        for (int j = 0; j < njobs; ++j) pb += (part->prep_bytes(L->dtype, jobs[j].ex->inter, jobs[j].ntok) + 63) / 64 * 64;
+        for (int j = 0; j < njobs; ++j) pb += (part->prep_bytes(L->dtype, &jobs[j].ex->down, jobs[j].ntok) + 63) / 64 * 64;
         if (pb) prepbuf = aligned_alloc(64, pb); /* a multiple of 64 */
         for (size_t at = 0, j = 0; prepbuf && j < (size_t)njobs; ++j) {
-            const size_t b = part->prep_bytes(L->dtype, jobs[j].ex->inter, jobs[j].ntok);
+            const size_t b = part->prep_bytes(L->dtype, &jobs[j].ex->down, jobs[j].ntok);
             jobs[j].prep = b ? memset(prepbuf + at, 0, 64) : NULL; /* its header: nothing found yet */
             at += (b + 63) / 64 * 64;
         }

@@ -79,13 +79,16 @@ def test_shared_expert(lib, dtype, gated):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_thread_count_does_not_change_the_result(lib, dtype):
+@pytest.mark.parametrize("experts", ["16-experts-17-tokens", "4-experts-150-tokens"])
+def test_thread_count_does_not_change_the_result(lib, dtype, experts):
     """Every output element is computed by one thread in a fixed order: bitwise equal. From
-    two threads on, the down projection's bf16 hi/lo panels (bf16 pair-dot and AMX paths) are
-    converted once by all the threads together, at one thread by the thread itself: the same
-    panels either way."""
-    case = make_case(H=300, I=130, E=16, k=4, S=40, gated=True)
-    x = case.inputs(70)
+    two threads on, the down projection's activation panels (bf16 hi/lo for the bf16 pair-dot
+    and AMX paths; quantized for the int gemms, which packed int layers take from 128 tokens
+    an expert) are converted once by all the threads together, at one thread by the thread
+    itself: the same panels either way."""
+    E, k, T = (16, 4, 70) if experts == "16-experts-17-tokens" else (4, 2, 300)
+    case = make_case(H=300, I=130, E=E, k=k, S=40, gated=True)
+    x = case.inputs(T)
     outs = [layer(case, dtype, threads=n)(x) for n in (1, 2, 3, 7)]
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
