@@ -304,6 +304,15 @@ typedef struct {
  * cannot run (no such instruction in the flags, AMX not granted) is COLIBRI_ERR_INVALID
  * with the reason in colibri_last_error(). */
 int colibri_peak_run(int kind, int n_threads, double min_seconds, colibri_peak_result *out);
+/* ---- where the time goes (sample.c; colibri_bench profile, for hosts without perf) ---- */
+/* Starts sampling this process: every period_us microseconds of its CPU time (all threads
+ * together) a SIGPROF, whose handler keeps the interrupted instruction's address, up to
+ * capacity of them. COLIBRI_ERR_INVALID: already running, a period outside [100, 1e6], a
+ * capacity outside [1, 2^28], or a platform other than Linux on x86-64/aarch64. */
+int colibri_sample_start(int period_us, size_t capacity);
+/* Stops it, restores the previous SIGPROF handler, copies up to cap addresses into ips and
+ * their count into *n_out; *taken_out (if not NULL): the samples taken, kept or not. */
+int colibri_sample_stop(uint64_t *ips, size_t cap, size_t *n_out, size_t *taken_out);
 /* CFFI-END */
 
 #ifdef __cplusplus

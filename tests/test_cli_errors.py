@@ -43,6 +43,7 @@ CASES = [
     ("colibri_bench", ["ab", "a.so", "b.so", "--rounds", "0"], ">= 1"),
     ("colibri_bench", ["e2e", "--layers", "0"], ">= 1"),
     ("colibri_bench", ["quant", "--rows", "0"], ">= 1"),
+    ("colibri_bench", ["profile", "--seconds", "0"], "> 0"),
 ]
 
 
