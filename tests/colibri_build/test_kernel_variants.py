@@ -101,6 +101,16 @@ def _knobs(corner):
     # the shared expert of tuner verify's 40-token case takes that path)
     k["pk_gemm_min_tokens_int4"] = {6: 32, 13: 64, 5: 128, 8: 256, 9: 4096}.get(i, 128)
     k["pk_gemm_min_tokens_int8"] = {6: 32, 8: 64, 10: 256, 12: 4096, 14: 128}.get(i, 128)
+    # packed bf16 and f32 on two corners in three each (zen4 and zen5's both ways; they pack
+    # on AVX-512 and AVX2 where AMX does not take the dtype), every block shape, k-chunk and
+    # run among them
+    k["layout_bf16"] = "interleaved" if i % 3 != 2 else "rows"
+    k["vec_rows_float"] = 2 if i % 4 in (1, 2) else 1
+    k["prefill_vec_rows_float"] = 2 if i % 2 == 0 else 1
+    k["prefill_kc_bf16"] = (128, 256, 1024, 4096)[i % 4]
+    k["prefill_kc_f32"] = (128, 256, 1024, 4096)[(i + 2) % 4]
+    k["prefill_run_float"] = (32, 64, 128, 256)[(i + 1) % 4]
+    k["layout_f32"] = "interleaved" if i % 3 != 0 else "rows"
     return k
 
 
@@ -245,5 +255,11 @@ def test_corners_cover_every_knob_value():
     assert {k["layout_int4"] for k in vnni} == set(spec.knobs["layout_int4"].values)
     for name in ("vec_rows", "prefill_vec_rows", "prefill_kc_int4", "vec_prefetch_int4", "pk_gemm_min_tokens_int4"):
         assert {k[name] for k in packed4} == set(spec.knobs[name].values), name
+    # packed bf16 and its blocks, on corners that run here wherever the host is x86 with AVX-512
+    pbf = [_knobs(c) for c in CORNERS if c[1] in ("x86-64-v3", "icelake-server", "x86-64-v4", "zen4", "zen5")]
+    for dt in ("f32", "bf16"):
+        assert {k[f"layout_{dt}"] for k in pbf} == set(spec.knobs[f"layout_{dt}"].values)
+        for name in ("vec_rows_float", "prefill_vec_rows_float", f"prefill_kc_{dt}", "prefill_run_float"):
+            assert {k[name] for k in pbf if k[f"layout_{dt}"] == "interleaved"} == set(spec.knobs[name].values), (dt, name)
     for c in CORNERS:
         render.validate_knobs(spec, _knobs(c))

@@ -1,8 +1,11 @@
-"""Packed int8 and int4 weights (layout_int8/layout_int4=interleaved,
-templates/expert_ffn/packed.j2): a library built with the layouts packs a layer's int
-experts at create and a model file's at load, and computes what the stored-layout library
-computes, within the dtype's tolerance, at every token count (decode, prefill, many tokens
-per expert)."""
+"""Packed int8, int4, f32 and bf16 weights (layout_<dtype>=interleaved,
+templates/expert_ffn/packed.j2 and packed_float.j2): a library built with the layouts packs
+a layer's experts at create and a model file's at load, and computes what the
+stored-layout library computes, within the dtype's tolerance, at every token count
+(decode, prefill, many tokens per expert)."""
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 from moe_data import assert_engine, make_case
@@ -13,12 +16,24 @@ from colibri._lib import build_profile
 from colibri.model import Model
 from colibri.modelfile import save_model
 from colibri_build import cpuinfo, hostid, profiles, render
+from tuner.context import predefined_macros
 
 
-def _packs_here(profile) -> bool:
-    """The layout applies where the profile's kernel ISA has an int dot product: AVX-512's
-    with VNNI, AVX2's always (AVX-VNNI, or vpmaddubsw + vpmaddwd without it)."""
+def _packs_here(profile, dtype, lib=None) -> bool:
+    """The int layouts apply where the profile's kernel ISA has an int dot product: AVX-512's
+    with VNNI, AVX2's always (AVX-VNNI, or vpmaddubsw + vpmaddwd without it); f32's and
+    bf16's on AVX-512 and AVX2 where the build's flags give no AMX tiles (which take float
+    experts in the row layout): read from the built library's compiler and flags."""
     isa = profile.knobs.get("isa")
+    if dtype in ("f32", "bf16"):
+        if isa not in ("avx2", "avx512"):
+            return False
+        if lib is None:
+            return True
+        bi = json.loads((Path(lib).parent / "build_info.json").read_text())
+        macros = predefined_macros(bi["compiler"]["path"], bi["cflags"])
+        assert macros is not None, "the compiler of the build cannot list its macros"
+        return not ({"__AMX_BF16__", "CB_AMX_EMULATED"} & macros)
     return isa == "avx2" or (isa == "avx512" and "avx512_vnni" in cpuinfo.host_cpu().flags)
 
 
@@ -26,20 +41,30 @@ def _packs_here(profile) -> bool:
 def packed_lib(tmp_path_factory):
     name = hostid.host_profile_name()
     prof = profiles.get_profile(name)
-    if not _packs_here(prof):
-        pytest.skip(f"profile {name} has no int dot product here: int weights stay in their stored layout")
+    if not any(_packs_here(prof, dt) for dt in ("int8", "bf16")):
+        pytest.skip(f"profile {name} packs no weights here: they stay in their stored layout")
     d = tmp_path_factory.mktemp("packed")
     cfg = render.write_config_h(d / "config.h", {"layout_int8": "interleaved", "layout_int4": "interleaved",
-                                                   "vec_rows": 2},
+                                                   "layout_bf16": "interleaved", "layout_f32": "interleaved",
+                                                   "vec_rows": 2,
+                                                   "vec_rows_float": 2},
                                 signature="0", profile=name)
-    return build_profile(name, config=cfg, build_dir=d / "build", quiet=True)
+    return build_profile(name, config=cfg, build_dir=d / "build", quiet=True), prof
 
 
-DTYPES = pytest.mark.parametrize("dtype", ["int8", "int4"])
+DTYPES = pytest.mark.parametrize("dtype", ["int8", "int4", "f32", "bf16"])
+
+
+def _lib(packed_lib, dtype):
+    lib, prof = packed_lib
+    if not _packs_here(prof, dtype, lib):
+        pytest.skip(f"profile {prof.name} keeps {dtype} weights in their stored layout")
+    return lib
 
 
 @DTYPES
 def test_a_layer_packs_at_create_and_computes_right(packed_lib, dtype):
+    packed_lib = _lib(packed_lib, dtype)
     # rows and columns off every block and group size, a shared expert, odd token counts
     case = make_case(H=67, I=45, E=8, k=3, S=21, gated=True, seed=11)
     L = colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype=dtype,
@@ -53,6 +78,7 @@ def test_a_layer_packs_at_create_and_computes_right(packed_lib, dtype):
 
 @DTYPES
 def test_a_model_file_packs_at_load_and_matches_the_layer(packed_lib, tmp_path, dtype):
+    packed_lib = _lib(packed_lib, dtype)
     case = make_case(H=96, I=80, E=4, k=2, seed=12)
     d = dict(router=case.router, gate=case.gate, up=case.up, down=case.down, top_k=2)
     p = tmp_path / "m.colibri"
@@ -73,10 +99,11 @@ def test_a_model_file_packs_at_load_and_matches_the_layer(packed_lib, tmp_path, 
 
 @DTYPES
 def test_a_dense_matrix_packs_and_computes_right(packed_lib, dtype):
+    packed_lib = _lib(packed_lib, dtype)
     # colibri.Linear packs in the default table's layout too: rows off the 16-row blocks,
     # thread splits inside a block, every token path, against NumPy on the weights as held
     # (tolerances: tests/engine/test_linear.py's, the activations are quantized too)
-    rtol = {"int8": 2e-2, "int4": 3e-2}[dtype]
+    rtol = {"int8": 2e-2, "int4": 3e-2, "f32": 1e-5, "bf16": 1e-4}[dtype]
     rng = np.random.default_rng(5)
     for rows, cols in ((37, 67), (300, 130)):
         W = rng.standard_normal((rows, cols), dtype=np.float32)
@@ -86,3 +113,18 @@ def test_a_dense_matrix_packs_and_computes_right(packed_lib, dtype):
                 x = rng.standard_normal((T, cols), dtype=np.float32)
                 ref = x.astype(np.float64) @ ref_w.T
                 assert np.linalg.norm(lin(x) - ref) / np.linalg.norm(ref) <= rtol, (rows, T)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_packed_float_results_do_not_depend_on_the_thread_count(packed_lib, dtype):
+    # a thread's rows end inside a block or not, so a kernel call takes one block or two:
+    # the sums' order must not follow (bitwise equal at every thread count)
+    packed_lib = _lib(packed_lib, dtype)
+    case = make_case(H=300, I=130, E=4, k=2, S=40, gated=True)
+    for T in (1, 2, 70):
+        x = case.inputs(T, seed=T)
+        outs = [colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype=dtype, lib=packed_lib,
+                                 threads=n, **case.layer_kwargs())(x) for n in (1, 2, 3, 7)]
+        for o in outs[1:]:
+            np.testing.assert_array_equal(o, outs[0])
+        assert_engine(outs[0], case.reference(x, dtype), dtype)

@@ -127,3 +127,12 @@ def test_a_packed_int_dtype_runs_the_prefill_kernels_up_to_its_own_gemm_threshol
     assert not run.in_class(SPEC, p, "igemm", packed)
     # int4k has no gemm: every prefill runs its packed kernels
     assert problems.path_of(problems.problem("qwen3-30b-a3b/prefill512/int4k")) == "prefill"
+
+
+def test_packed_bf16_runs_its_prefill_kernels_at_every_token_count():
+    # mixtral prefill2048 gives 512 tokens per expert: the gemm in the row layout, the
+    # weight-as-vector kernels (the prefill class's blocks) where bf16 is packed
+    p = problems.problem("mixtral-8x7b/prefill2048/bf16")
+    assert problems.path_of(p, {"layout_bf16": "rows"}) == "gemm"
+    assert problems.path_of(p, {"layout_bf16": "interleaved"}) == "prefill"
+    assert run.in_class(SPEC, p, "prefill", {"layout_bf16": "interleaved"})

@@ -191,7 +191,7 @@ def test_replay_evaluator_answers_from_the_store(synthetic):
     assert ev(bad.knobs) is None
     assert ev.space.size() == len(rows) == class_spaces()[DECODE].size()
     assert ev.space.knobs["prefetch_f32"] == tuple(load_knob_spec(KERNEL).knobs["prefetch_f32"].values)
-    assert ev.space.categorical == {"isa", "layout_int8", "layout_int4"}  # the knobs whose values are names
+    assert ev.space.categorical == {"isa", "layout_int8", "layout_int4", "layout_bf16", "layout_f32"}  # the knobs whose values are names
     missing = {**ok.knobs, "prefetch_f32": 3000}   # a distance the template does not offer
     with pytest.raises(ReplayMissing, match="was not recorded"):
         ev(missing)

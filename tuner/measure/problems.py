@@ -146,7 +146,9 @@ def gemm_from_tokens(dtype: str, knobs=None) -> float:
         return float("inf")
     knobs = knobs or {}
     if knobs.get(f"layout_{dtype}") == "interleaved":
-        return knobs.get(f"pk_gemm_min_tokens_{dtype}", 128)
+        # packed int experts switch to the int gemm; packed f32 and bf16 have no gemm of their
+        # own: their weight-as-vector kernels serve every token count
+        return knobs.get(f"pk_gemm_min_tokens_{dtype}", float("inf") if dtype in ("f32", "bf16") else 128)
     return knobs.get(f"gemm_min_tokens_{dtype}", GEMM_FROM_TOKENS)
 
 
