@@ -560,7 +560,8 @@ def match_host(host_cpu: _cpuinfo.CpuInfo,
 
     Order: (1) a profile listing the CPU's identity (vendor/family/model or Arm
     implementer/part): exact, and immune to flags a hypervisor hides; (2) a profile
-    listing archspec's name for the CPU, then each archspec ancestor in turn; (3) the
+    listing archspec's name for the CPU, then each archspec ancestor in turn, and from it
+    the most derived profile whose features the host all has; (3) the
     fallback level (generic, x86-64-vN, armv8-a) with the most required features.
     A candidate is taken only if the host has every feature it requires.
     """
@@ -591,6 +592,17 @@ def match_host(host_cpu: _cpuinfo.CpuInfo,
                        ("" if uarch == host_cpu.archspec_name else f", whose ancestor {uarch}") +
                        " is listed by this profile")
                 break
+        if best is not None and not reg[best].match.fallback:
+            # A hypervisor that hides one flag archspec needs (WAITPKG) and reports a CPU
+            # identity no profile lists makes archspec name an ancestor core. Where the host
+            # has every feature of a profile derived from that one, the derived one is the
+            # truer name (from a generic level no such inference is safe: siblings differ).
+            below = [p for p in targets if best in p.chain[1:] and runnable[p.name]]
+            if below:
+                deeper = max(below, key=lambda p: (len(p.chain), len(p.features))).name
+                how = (f"archspec detects {host_cpu.archspec_name}, listed by {best}; this "
+                       f"host has every feature of {deeper}, which derives from it")
+                best = deeper
     if best is None:
         levels = [p for p in targets if p.match.fallback and runnable[p.name]]
         if levels:

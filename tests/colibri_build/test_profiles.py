@@ -238,6 +238,23 @@ CPU revision\t: 1
 """
 
 
+# A KVM guest seen here (2026-12-04): Sapphire Rapids' flags (AMX, AVX512-FP16) under
+# model 167, an identity no profile lists; archspec says icelake.
+KVM_SPR_MODEL_167 = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 167\n"
+    "model name\t: Intel(R) Xeon(R) Processor\nstepping\t: 1\nflags\t\t: "
+    "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx "
+    "fxsr sse sse2 ss ht syscall nx pdpe1gb rdtscp lm constant_tsc rep_good nopl "
+    "xtopology nonstop_tsc cpuid tsc_known_freq pni pclmulqdq ssse3 fma cx16 pcid sse4_1 "
+    "sse4_2 x2apic movbe popcnt tsc_deadline_timer aes xsave avx f16c rdrand hypervisor "
+    "lahf_lm abm 3dnowprefetch cpuid_fault fsgsbase tsc_adjust bmi1 hle avx2 smep bmi2 "
+    "erms invpcid rtm avx512f avx512dq rdseed adx smap avx512ifma clflushopt clwb "
+    "avx512cd sha_ni avx512bw avx512vl xsaveopt xsavec xgetbv1 xsaves avx_vnni "
+    "avx512_bf16 arat avx512vbmi umip avx512_vbmi2 gfni vaes vpclmulqdq avx512_vnni "
+    "avx512_bitalg avx512_vpopcntdq rdpid cldemote movdiri movdir64b fsrm serialize "
+    "tsxldtrk amx_bf16 avx512_fp16 amx_tile amx_int8 arch_capabilities"
+    "\n")
+
+
 def test_parse_x86_cpuinfo():
     cpu = cpuinfo.parse_cpuinfo(EMR_VM)
     assert (cpu.arch, cpu.vendor, cpu.family, cpu.model, cpu.stepping) == ("x86_64", "GenuineIntel", 6, 207, 2)
@@ -259,6 +276,19 @@ def test_emerald_rapids_vm_matches_sapphirerapids():
     assert best == "sapphirerapids"
     assert "model 207" in reasons["sapphirerapids"]
     assert reasons["asan"].startswith("build kind")
+
+
+def test_unlisted_identity_with_every_feature_takes_the_derived_profile():
+    cpu = cpuinfo.parse_cpuinfo(KVM_SPR_MODEL_167)
+    if cpu.archspec_name is None:
+        pytest.skip("archspec is not installed")
+    assert cpu.archspec_name == "icelake"
+    best, reasons = profiles.match_host(cpu)
+    assert best == "sapphirerapids", reasons
+    assert "every feature of sapphirerapids" in reasons["sapphirerapids"]
+    # without the derived profile's own features it stays where archspec put it
+    lacking = replace(cpu, flags=cpu.flags - {"avx512_fp16"})
+    assert profiles.match_host(lacking)[0] == "icelake-server"
 
 
 def test_graviton2_matches_neoverse_n1():
