@@ -1,8 +1,9 @@
 """The AMX kernels on the emulated tile unit (profile sapphirerapids-amx-emulated): every
 weight dtype at the token counts around the tile edges (1, 5, 16, 17, 64, 300) with a shared
-expert and dynamic k; int8 on tiles against the dot-product gemm, bit for bit; and a mutation
-check: the same kernels with a wrong tile stride must fail, or the corners that pass on the
-emulator would prove nothing."""
+expert and dynamic k, bf16 both packed (the profile's layout: the blocks are B tiles) and in
+rows; int8 on tiles against the dot-product gemm, bit for bit; and a mutation check: the
+same kernels with a wrong tile stride must fail, or the corners that pass on the emulator
+would prove nothing."""
 import os
 import shutil
 import subprocess
@@ -23,8 +24,10 @@ EMULATED = "sapphirerapids-amx-emulated"
 ROOT = Path(__file__).resolve().parents[2]
 DTYPES = ("f32", "bf16", "int8", "int4", "int4k")
 TOKENS = (1, 5, 16, 17, 64, 300)
-# the A (weight) tile loads: amx.j2's (rows AM_KC bf16 apart) and amx_int.j2's (rows s0 bytes apart)
-STRIDES = {"amx.j2": "AM_KC * 2);", "amx_int.j2": "CB_TILE_LOADD(4, w0 + g * 32, s0);"}
+# the weight tile loads: amx.j2's A tiles (rows AM_KC bf16 apart), amx_int.j2's (rows s0 bytes
+# apart) and amx_packed.j2's B tiles (the packed block's k-pairs, 64 bytes apart)
+STRIDES = {"amx.j2": "AM_KC * 2);", "amx_int.j2": "CB_TILE_LOADD(4, w0 + g * 32, s0);",
+           "amx_packed.j2": "CB_TILE_LOADD({{ 6 + b }}, w{{ b }} + (size_t)s * 512, 64);"}
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +42,19 @@ def case():
     # dynamic k (2 to 4 experts a token by routing mass), a gated shared expert, rows and
     # columns that are not multiples of the tiles' 16 and 32
     return make_case(H=96, I=70, E=6, k=4, S=40, gated=True, dyn_p=0.7, k_min=2, k_max=4, seed=7)
+
+
+@pytest.fixture(scope="module")
+def tiled_case():
+    # every matrix in whole 32-k tiles: packed bf16 takes the tiles in both projections
+    return make_case(H=96, I=64, E=6, k=4, S=32, gated=True, dyn_p=0.7, k_min=2, k_max=4, seed=8)
+
+
+def _products(lib):
+    import ctypes
+    count = ctypes.CDLL(str(lib)).cb_emu_products
+    count.restype = ctypes.c_ulonglong
+    return count
 
 
 def _failures(lib, case, dtypes=DTYPES, tokens=TOKENS):
@@ -56,8 +72,17 @@ def _failures(lib, case, dtypes=DTYPES, tokens=TOKENS):
 
 @pytest.fixture(scope="module")
 def emulated_lib(runs_here, tmp_path_factory):
-    """The profile's defaults: f32, bf16, int8 and int4 (row layouts) take the tiles."""
+    """The profile's defaults: f32, int8 and int4 (row layouts) and bf16 (packed) take the tiles."""
     return build_profile(EMULATED, build_dir=tmp_path_factory.mktemp("amxemu"), quiet=True)
+
+
+@pytest.fixture(scope="module")
+def other_lib(runs_here, tmp_path_factory):
+    """The int tiles off (their dot-product gemm) and bf16 in its row layout (amx.j2's tiles)."""
+    cfg = render.write_config_h(tmp_path_factory.mktemp("cfg") / "other.h",
+                                {"amx_int8": 0, "amx_int4": 0, "layout_bf16": "rows"},
+                                signature="0", profile=EMULATED)
+    return build_profile(EMULATED, config=cfg, build_dir=tmp_path_factory.mktemp("amxother"), quiet=True)
 
 
 def test_every_dtype_is_right_on_the_emulated_tiles(emulated_lib, case):
@@ -65,19 +90,35 @@ def test_every_dtype_is_right_on_the_emulated_tiles(emulated_lib, case):
     assert _failures(emulated_lib, case) == []
 
 
+def test_bf16_is_right_on_the_tiles_packed_and_in_rows(emulated_lib, other_lib, tiled_case):
+    """Packed bf16 reads its blocks as B tiles in both projections here (whole 32-k tiles),
+    the row layout copies its k-tiles into A tiles; both on the tiles (the unit counts their
+    products), at every token count, and the packed tiles give the same bits at every thread
+    count (a block straddling two threads' rows is computed whole by each)."""
+    for lib in (emulated_lib, other_lib):
+        count = _products(lib)
+        before = count()
+        assert _failures(lib, tiled_case, dtypes=("bf16",)) == [], lib
+        assert count() > before, f"{lib}: no tile products"
+    x = tiled_case.inputs(300, seed=3)
+    outs = [colibri.MoELayer(tiled_case.router, tiled_case.gate, tiled_case.up, tiled_case.down,
+                             weight_dtype="bf16", lib=emulated_lib, threads=n,
+                             **tiled_case.layer_kwargs())(x) for n in (1, 2, 3)]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
 @pytest.mark.parametrize("dtype, share", [("bf16", 0.5), ("f32", 2 / 3)])
 def test_activations_exact_in_bf16_skip_the_lo_products(emulated_lib, dtype, share):
     """A bf16 model's activations are exact in bf16: their lo halves are zero, and the gate/up
     tiles leave those products out (bf16 weights: 1 of 2, f32: 1 of 3), with the same result
     quality. The down projection's input (the engine's f32 h) keeps its lo products, so the
-    layer issues between `share` and all of the products; the emulated unit counts them."""
-    import ctypes
-
-    c = make_case(H=300, I=301, E=2, k=1, seed=3)
+    layer issues between `share` and all of the products; the emulated unit counts them.
+    (bf16 packed: whole 32-k tiles, which its tiles need.)"""
+    c = make_case(H=320, I=288, E=2, k=1, seed=3)
     layer = colibri.MoELayer(c.router, c.gate, c.up, c.down, weight_dtype=dtype, lib=emulated_lib,
                              **c.layer_kwargs())
-    count = ctypes.CDLL(str(emulated_lib)).cb_emu_products
-    count.restype = ctypes.c_ulonglong
+    count = _products(emulated_lib)
     x = c.inputs(300, seed=11)
     xb = quant.roundtrip(x, "bf16")  # exact in bf16
     done = {}
@@ -91,13 +132,10 @@ def test_activations_exact_in_bf16_skip_the_lo_products(emulated_lib, dtype, sha
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
-def test_int_on_tiles_gives_the_dot_product_gemms_bits(emulated_lib, case, dtype, tmp_path_factory):
+def test_int_on_tiles_gives_the_dot_product_gemms_bits(emulated_lib, other_lib, case, dtype):
     """amx_int8 / amx_int4 sum each group in int32 and scale it in igemm.j2's order: the same
     bits as the dot-product gemm."""
-    root = tmp_path_factory.getbasetemp() / "amx_int_off"
-    cfg = render.write_config_h(tmp_path_factory.mktemp("cfg") / "off.h", {"amx_int8": 0, "amx_int4": 0},
-                                signature="0", profile=EMULATED)
-    off = build_profile(EMULATED, config=cfg, build_dir=root, quiet=True)  # the second dtype reuses it
+    off = other_lib
     for c in (case, make_case(H=300, I=301, E=2, k=1, S=129, seed=3)):
         on_layer, off_layer = (colibri.MoELayer(c.router, c.gate, c.up, c.down, weight_dtype=dtype,
                                                 lib=lib, **c.layer_kwargs()) for lib in (emulated_lib, off))

@@ -22,13 +22,14 @@ from tuner.context import predefined_macros
 def _packs_here(profile, dtype, lib=None) -> bool:
     """The int layouts apply where the profile's kernel ISA has an int dot product: AVX-512's
     with VNNI, AVX2's always (AVX-VNNI, or vpmaddubsw + vpmaddwd without it); f32's and
-    bf16's on AVX-512 and AVX2 where the build's flags give no AMX tiles (which take float
-    experts in the row layout): read from the built library's compiler and flags."""
+    bf16's on AVX-512 and AVX2, f32's only where the build's flags give no AMX tiles (which
+    take f32 experts in the row layout; bf16's read the packed blocks): read from the built
+    library's compiler and flags."""
     isa = profile.knobs.get("isa")
     if dtype in ("f32", "bf16"):
         if isa not in ("avx2", "avx512"):
             return False
-        if lib is None:
+        if lib is None or dtype == "bf16":
             return True
         bi = json.loads((Path(lib).parent / "build_info.json").read_text())
         macros = predefined_macros(bi["compiler"]["path"], bi["cflags"])
@@ -108,7 +109,8 @@ def test_a_dense_matrix_packs_and_computes_right(packed_lib, dtype):
     # (tolerances: tests/engine/test_linear.py's, the activations are quantized too)
     rtol = {"int8": 2e-2, "int4": 3e-2, "f32": 1e-5, "bf16": 1e-4}[dtype]
     rng = np.random.default_rng(5)
-    for rows, cols in ((37, 67), (300, 130)):
+    # (256 columns: whole 32-k tiles, which packed bf16 on AMX tiles needs)
+    for rows, cols in ((37, 67), (300, 130), (200, 256)):
         W = rng.standard_normal((rows, cols), dtype=np.float32)
         ref_w = quant.roundtrip(W, dtype).astype(np.float64)
         with colibri.Linear(W, weight_dtype=dtype, lib=packed_lib, threads=3) as lin:
@@ -123,11 +125,13 @@ def test_packed_float_results_do_not_depend_on_the_thread_count(packed_lib, dtyp
     # a thread's rows end inside a block or not, so a kernel call takes one block or two:
     # the sums' order must not follow (bitwise equal at every thread count)
     packed_lib = _lib(packed_lib, dtype)
-    case = make_case(H=300, I=130, E=4, k=2, S=40, gated=True)
-    for T in (1, 2, 70):
-        x = case.inputs(T, seed=T)
-        outs = [colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype=dtype, lib=packed_lib,
-                                 threads=n, **case.layer_kwargs())(x) for n in (1, 2, 3, 7)]
-        for o in outs[1:]:
-            np.testing.assert_array_equal(o, outs[0])
-        assert_engine(outs[0], case.reference(x, dtype), dtype)
+    # the second: every matrix in whole 32-k tiles (bf16 on AMX tiles, where the host has them)
+    for case in (make_case(H=300, I=130, E=4, k=2, S=40, gated=True),
+                 make_case(H=320, I=96, E=4, k=2, S=64, gated=True)):
+        for T in (1, 2, 70):
+            x = case.inputs(T, seed=T)
+            outs = [colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype=dtype,
+                                     lib=packed_lib, threads=n, **case.layer_kwargs())(x) for n in (1, 2, 3, 7)]
+            for o in outs[1:]:
+                np.testing.assert_array_equal(o, outs[0])
+            assert_engine(outs[0], case.reference(x, dtype), dtype)
