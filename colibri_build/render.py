@@ -77,13 +77,16 @@ DOMAIN_DTYPES = ("f32", "bf16", "int8", "int4")
 @dataclass(frozen=True)
 class Domain:
     """The kernel paths and weight dtypes whose code a knob (or a class) changes, and
-    when: only for these isa values (empty: any) and only where the profile's flags
-    give these capabilities (templates/isas.yaml). `isas` is derived at load: the ISAs
-    whose record has every capability in `needs` (empty: any)."""
+    when: only for these isa values (empty: any), only where the profile's flags give
+    these capabilities (templates/isas.yaml), and only for dtypes whose weights are held
+    in this `layout` (the value of their `layout_<dtype>` knob; empty: any): the row
+    layout's kernels never run on packed matrices, nor the packed ones on rows. `isas` is
+    derived at load: the ISAs whose record has every capability in `needs` (empty: any)."""
     paths: tuple[str, ...]
     dtypes: tuple[str, ...]
     isas: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
+    layout: str = ""
 
     def cells(self) -> list[tuple[str, str]]:
         """(path, dtype) pairs, paths outer, in PATHS/DOMAIN_DTYPES order."""
@@ -93,15 +96,16 @@ class Domain:
         return path in self.paths and dtype in self.dtypes
 
     def union(self, other: "Domain") -> "Domain":
-        """Both domains' cells; isas and needs where both knobs agree on none is any."""
+        """Both domains' cells; isas, needs and layout where both knobs agree on none is any."""
         isas = () if not self.isas or not other.isas else tuple(dict.fromkeys(self.isas + other.isas))
         return Domain(paths=tuple(p for p in PATHS if p in self.paths + other.paths),
                       dtypes=tuple(d for d in DOMAIN_DTYPES if d in self.dtypes + other.dtypes),
-                      isas=isas, needs=tuple(n for n in self.needs if n in other.needs))
+                      isas=isas, needs=tuple(n for n in self.needs if n in other.needs),
+                      layout=self.layout if self.layout == other.layout else "")
 
     def to_dict(self) -> dict:
         return {"paths": list(self.paths), "dtypes": list(self.dtypes), "isas": list(self.isas),
-                "needs": list(self.needs)}
+                "needs": list(self.needs), "layout": self.layout}
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,12 @@ def load_knob_spec(template: str, templates_dir: str | os.PathLike = TEMPLATES_D
                            doc=str(k.get("doc", "")), cls=cls,
                            domain=_domain(k.get("domain"), f"{path}: knob '{name}'", records),
                            quick=tuple(quick))
+    for name, k in knobs.items():
+        if k.domain.layout:
+            lk = [knobs.get(f"layout_{d}") for d in k.domain.dtypes]
+            if not any(lk) or any(x is not None and k.domain.layout not in x.values for x in lk):
+                raise KnobError(f"{path}: knob '{name}' domain layout {k.domain.layout!r} is not a value of "
+                                f"the layout knob of each of its dtypes (layout_<dtype>)")
     constraints = tuple(str(c) for c in raw.get("constraints") or ())
     compiled = tuple(compile_constraint(c, knobs, str(path)) for c in constraints)
     spec = KnobSpec(template=template, knobs=knobs, constraints=constraints, path=str(path),
@@ -224,11 +234,11 @@ def load_knob_spec(template: str, templates_dir: str | os.PathLike = TEMPLATES_D
 
 
 def _domain(raw, where: str, records: Mapping) -> Domain:
-    if not isinstance(raw, dict) or set(raw) - {"paths", "dtypes", "needs"}:
+    if not isinstance(raw, dict) or set(raw) - {"paths", "dtypes", "needs", "layout"}:
         extra = (f" ('isas' is derived from 'needs' and the ISA records, {isas_mod.FILE})"
                  if isinstance(raw, dict) and "isas" in raw else "")
         raise KnobError(f"{where} needs a 'domain' mapping with 'paths' and 'dtypes' "
-                        f"(and optional 'needs'): the code the knob changes{extra}")
+                        f"(and optional 'needs', 'layout'): the code the knob changes{extra}")
     parts = {}
     for key, known in (("paths", PATHS), ("dtypes", DOMAIN_DTYPES),
                        ("needs", isas_mod.capability_names(records))):
@@ -241,7 +251,10 @@ def _domain(raw, where: str, records: Mapping) -> Domain:
         parts[key] = tuple(str(v) for v in vals)
     needs = parts["needs"]
     isas = tuple(n for n, r in records.items() if all(r.has(c) for c in needs)) if needs else ()
-    return Domain(**parts, isas=isas)
+    layout = raw.get("layout", "")
+    if not isinstance(layout, str):
+        raise KnobError(f"{where}: domain 'layout' must be a layout name (rows, interleaved)")
+    return Domain(**parts, isas=isas, layout=layout)
 
 
 def load_all_specs(templates_dir: str | os.PathLike = TEMPLATES_DIR) -> dict[str, KnobSpec]:

@@ -34,11 +34,11 @@ KERNEL = "expert_ffn"
 # not make any of them slower (tuner/decide.py).
 
 
-def in_class(spec, p, cls: str, knobs=None) -> bool:
-    """Problem p lies in the domain of class cls: its kernel path under `knobs` (decode,
-    prefill, gemm by tokens per expert, problems.path_of) and its dtype are among the
-    class's knobs'."""
-    return spec.class_domain(cls).covers(problems_mod.path_of(p, knobs), p.dtype)
+def in_class(spec, p, cls: str, knobs=None, amx: bool = False) -> bool:
+    """Problem p lies in the domain of class cls: its kernel path under `knobs` on a build
+    with AMX tiles or not (decode, prefill, gemm by tokens per expert, problems.path_of)
+    and its dtype are among the class's knobs'."""
+    return spec.class_domain(cls).covers(problems_mod.path_of(p, knobs, amx), p.dtype)
 
 
 def default_problems(spec, shape: str = problems_mod.DEFAULT_SHAPE) -> tuple[str, ...]:
@@ -176,6 +176,11 @@ class Tuner:
     def _domain_excludes(self, dom, base: dict) -> str | None:
         if dom.isas and base.get("isa") not in dom.isas:
             return f"its knobs change only isa {', '.join(dom.isas)} code (this run: isa {base.get('isa')})"
+        if dom.layout:
+            held = {d: self.layout_of(d, base) for d in dom.dtypes}
+            if all(v != dom.layout for v in held.values()):
+                return (f"its knobs change only the {dom.layout} layout's kernels, and this build holds "
+                        + ", ".join(f"{d} {v}" for d, v in held.items()))
         if dom.needs:
             if self.macros is None:
                 self.macros = predefined_macros(self.resolved.compiler.path,
@@ -186,6 +191,34 @@ class Tuner:
                     return (f"needs {need} ({' or '.join('+'.join(a) for a in alts)}), which the "
                             f"{self.profile_name} profile's flags do not give")
         return None
+
+    def live_cells(self, cls: str, base: dict) -> set:
+        """The (path, dtype) cells of the class's domain where one of its knobs changes code
+        that runs under `base`: a knob whose flags or isa exclude it has none, and one of a
+        layout's kernels only the dtypes held in that layout."""
+        cells = set()
+        for name in self.classes[cls]:
+            dom = self.spec.knobs[name].domain
+            if self._domain_excludes(dom, base):
+                continue
+            cells |= {(p, d) for p, d in dom.cells()
+                      if not dom.layout or self.layout_of(d, base) == dom.layout}
+        return cells
+
+    @property
+    def amx(self) -> bool:
+        """Whether this run's builds have AMX tiles (the profile's flags give them)."""
+        knob = self.spec.knobs.get("amx_bf16")
+        return knob is not None and self._domain_excludes(knob.domain, self.default) is None
+
+    def layout_of(self, dtype: str, base: dict) -> str:
+        """The layout `dtype`'s matrices are held in under `base`: its layout knob's value
+        where that knob changes this build's code (a packed layout needs its capability),
+        else rows."""
+        knob = self.spec.knobs.get(f"layout_{dtype}")
+        if knob is None or self._domain_excludes(knob.domain, base):
+            return "rows"
+        return base.get(knob.name, knob.default)
 
     # ----------------------------------------------------------- measuring
     def cached(self, knobs: dict):

@@ -54,11 +54,12 @@ def matrix(shapes_, dtypes=DTYPES, phases=PHASES) -> list[str]:
     return out
 
 
-def owners(spec, changed: dict[str, list[str]], problem, knobs=()) -> list[str]:
+def owners(spec, changed: dict[str, list[str]], problem, knobs=(), amx: bool = False) -> list[str]:
     """The changed classes whose domain covers the problem's kernel path and dtype, under
     any of `knobs` (flat knob values: the default's and the candidate's, whose gemm
-    thresholds and layouts may differ; none: the template's defaults)."""
-    paths = {problems_mod.path_of(problem, k) for k in knobs or [None]}
+    thresholds and layouts may differ; none: the template's defaults), on a build with AMX
+    tiles or not."""
+    paths = {problems_mod.path_of(problem, k, amx) for k in knobs or [None]}
     return [c for c in changed if any(spec.class_domain(c).covers(path, problem.dtype) for path in paths)]
 
 
@@ -190,7 +191,7 @@ def _cells(t, cand: dict, changed: dict, tuned_shapes: dict, extra) -> tuple[lis
         for name in matrix(names):
             p = problems_mod.problem(name)
             own = owners(t.spec, classes, p, [shapes.for_class(t.default_assignment, sc),
-                                              shapes.for_class(cand, sc)])
+                                              shapes.for_class(cand, sc)], t.amx)
             if own:
                 probs.append(p)
                 owner[p.name] = (sc, own)

@@ -15,12 +15,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colibri_build import hostid, shapes
+from colibri_build import hostid, render, shapes
 from colibri_build.paths import build_dir_default, reports_dir_default
 from tuner import classes as classes_mod, summary as summary_mod
 from tuner.context import (KERNEL, Tuner, _current, default_problems, in_class,  # noqa: F401
                            load_warning, predefined_macros)
 from tuner.measure import interleave
+from tuner.measure import problems as problems_mod
 
 print_summary = summary_mod.print_summary
 
@@ -78,9 +79,12 @@ def tune_shape_class(t: Tuner, sc: str, probs: list) -> dict:
     t.current_shape = sc
     base, done, skipped = t.default_for(sc), [], []
     for cls, knobs in t.classes.items():
-        t.problems = [p for p in probs if in_class(t.spec, p, cls, base)]
-        why = "no problem of this run lies in its domain" if not t.problems else None
-        why = why or t.class_applies(cls, base)
+        live = t.live_cells(cls, base)
+        t.problems = [p for p in probs if in_class(t.spec, p, cls, base, t.amx)
+                      and (problems_mod.path_of(p, base, t.amx), p.dtype) in live]
+        why = t.class_applies(cls, base) or (
+            "its knobs change no code that runs in this build (the weight layouts it holds)" if not live
+            else "no problem of this run lies in its domain" if not t.problems else None)
         space = t.class_space(cls, base) if why is None else None
         if space is not None and space.size() <= 1:
             why = "its knobs have one value each in this run's space: nothing to choose"
@@ -88,7 +92,7 @@ def tune_shape_class(t: Tuner, sc: str, probs: list) -> dict:
             t.say(f"class {cls}: not tuned: {why}")
             skipped.append({"class": cls, "knobs": list(knobs), "why": why})
             continue
-        missing = _uncovered(t, cls, base)
+        missing = _uncovered(t, live, base)
         if missing:
             t.say(f"class {cls}: warning: this run's problems leave part of its domain "
                   f"unmeasured ({', '.join(missing)}); the gate still checks them")
@@ -164,11 +168,10 @@ def _write_report(t: Tuner, summary: dict) -> dict:
     return {"html": str(res["html"]), "md": str(res["md"]), "errors": res["errors"]}
 
 
-def _uncovered(t: Tuner, cls: str, base: dict) -> list[str]:
-    """The class's (path, dtype) cells that no problem of the run measures under `base`."""
-    from tuner.measure import problems as problems_mod
-
-    have = {(problems_mod.path_of(p, base), p.dtype) for p in t.problems}
-    return [f"{path}/{dtype}" for path, dtype in t.spec.class_domain(cls).cells()
-            if (path, dtype) not in have]
+def _uncovered(t: Tuner, live: set, base: dict) -> list[str]:
+    """The class's live (path, dtype) cells (Tuner.live_cells) that no problem of the run
+    measures under `base`."""
+    have = {(problems_mod.path_of(p, base, t.amx), p.dtype) for p in t.problems}
+    return [f"{path}/{dtype}" for path in render.PATHS for dtype in render.DOMAIN_DTYPES
+            if (path, dtype) in live and (path, dtype) not in have]
 

@@ -136,3 +136,51 @@ def test_packed_bf16_runs_its_prefill_kernels_at_every_token_count():
     assert problems.path_of(p, {"layout_bf16": "rows"}) == "gemm"
     assert problems.path_of(p, {"layout_bf16": "interleaved"}) == "prefill"
     assert run.in_class(SPEC, p, "prefill", {"layout_bf16": "interleaved"})
+
+
+def test_a_domain_layout_must_be_a_value_of_its_dtypes_layout_knob(tmp_path):
+    layout = "  layout_f32:\n    values: [rows, interleaved]\n    default: rows\n    class: l\n" \
+             "    domain: {paths: [decode], dtypes: [f32]}\n"
+    load = _spec_with(tmp_path, layout + "  a:\n    values: [1, 2]\n    default: 1\n    class: c\n"
+                      "    domain: {paths: [decode], dtypes: [f32], layout: tiled}\n")
+    with pytest.raises(render.KnobError, match="layout"):
+        load()
+    ok = _spec_with(tmp_path / "ok", layout + "  a:\n    values: [1, 2]\n    default: 1\n    class: c\n"
+                    "    domain: {paths: [decode], dtypes: [f32], layout: rows}\n")
+    assert ok().knobs["a"].domain.layout == "rows"
+
+
+def test_knobs_of_one_layouts_kernels_are_not_tuned_where_their_dtypes_are_held_in_another():
+    """A packed int4 build runs no row-layout int4 kernels: rows_int4 and prefetch_int4 cannot
+    change what runs (a 'gain' measured for them is noise), and vec_prefetch_int4 none in rows.
+    A packed layout the flags cannot build (no int dot) holds the rows."""
+    from tuner.context import Tuner
+
+    t = Tuner.__new__(Tuner)
+    t.spec, t.profile_name = SPEC, "test"
+    t.macros = frozenset({"__AVX512F__", "__AVX512VNNI__", "__AVX2__"})
+    base = {k.name: k.default for k in SPEC.knobs.values()}
+    base.update(isa="avx512", layout_int4="interleaved")
+    for name in ("rows_int4", "prefetch_int4"):
+        why = t._domain_excludes(SPEC.knobs[name].domain, base)
+        assert why and "rows layout" in why and "int4 interleaved" in why, name
+    assert t._domain_excludes(SPEC.knobs["vec_prefetch_int4"].domain, base) is None
+    # rows serves f32, bf16 and int8 too: excluded only once all of them are packed
+    assert t._domain_excludes(SPEC.knobs["rows"].domain, base) is None
+    rows = dict(base, layout_int4="rows")
+    assert t._domain_excludes(SPEC.knobs["rows_int4"].domain, rows) is None
+    assert "interleaved layout" in t._domain_excludes(SPEC.knobs["vec_prefetch_int4"].domain, rows)
+    t.macros = frozenset({"__AVX512F__"})  # no VNNI: layout_int4 cannot pack here
+    assert t._domain_excludes(SPEC.knobs["rows_int4"].domain, base) is None
+
+
+def test_packed_bf16_runs_the_gemm_path_where_amx_tiles_read_its_blocks():
+    # qwen3 prefill512: 32 tokens per expert; packed bf16 on AMX tiles from gemm_min_tokens
+    # (amx_packed.j2), on the weight-as-vector kernels without tiles or with amx_bf16=0
+    p = problems.problem("qwen3-30b-a3b/prefill512/bf16")
+    packed = {"layout_bf16": "interleaved", "amx_bf16": 1, "gemm_min_tokens_bf16": 16}
+    assert problems.path_of(p, packed, amx=True) == "gemm"
+    assert problems.path_of(p, packed) == "prefill"
+    assert problems.path_of(p, {**packed, "amx_bf16": 0}, amx=True) == "prefill"
+    assert run.in_class(SPEC, p, "amx", packed, amx=True)
+    assert not run.in_class(SPEC, p, "prefill", packed, amx=True)

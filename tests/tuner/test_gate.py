@@ -24,7 +24,7 @@ def _tuner(tmp_path):
     said = []
     cfg = SimpleNamespace(gate_shapes=(), gate_threads=(1, 2), gate_rounds=5,
                           gate_min_seconds=0.01, seed=0, threads=2, worker_timeout_s=60)
-    return SimpleNamespace(cfg=cfg, spec=SPEC, classes=SPEC.classes(), default=dict(DEFAULT),
+    return SimpleNamespace(cfg=cfg, spec=SPEC, amx=False, classes=SPEC.classes(), default=dict(DEFAULT),
                            default_assignment=dict(DEFAULT),
                            say=said.append, said=said, work=tmp_path, store_path=tmp_path / "s.sqlite",
                            profile_name="generic", read_bandwidth=lambda: 40.0,

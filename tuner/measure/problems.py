@@ -139,26 +139,30 @@ PATH_TOKENS = {"prefill": 8, "gemm": 32}
 DEFAULT_SHAPE = "qwen3-30b-a3b"
 
 
-def gemm_from_tokens(dtype: str, knobs=None) -> float:
+def gemm_from_tokens(dtype: str, knobs=None, amx: bool = False) -> float:
     """Tokens per expert from which `dtype` runs the gemm paths under `knobs` (the flat
-    knob values of one shape class; None: the template's default row layouts)."""
+    knob values of one shape class; None: the template's default row layouts), on a build
+    whose flags give AMX tiles (`amx`) or not."""
     if dtype == "int4k":  # packed wherever there is an int dot, and no gemm of its own
         return float("inf")
     knobs = knobs or {}
     if knobs.get(f"layout_{dtype}") == "interleaved":
-        # packed int experts switch to the int gemm; packed f32 and bf16 have no gemm of their
-        # own: their weight-as-vector kernels serve every token count
+        # packed bf16 on AMX tiles, which read its blocks in place (amx_packed.j2), from the
+        # gemm threshold; packed int experts switch to the int gemm; otherwise packed f32 and
+        # bf16 have no gemm of their own: their weight-as-vector kernels serve every count
+        if dtype == "bf16" and amx and knobs.get("amx_bf16", 1):
+            return knobs.get("gemm_min_tokens_bf16", GEMM_FROM_TOKENS)
         return knobs.get(f"pk_gemm_min_tokens_{dtype}", float("inf") if dtype in ("f32", "bf16") else 128)
     return knobs.get(f"gemm_min_tokens_{dtype}", GEMM_FROM_TOKENS)
 
 
-def path_of(p: Problem, knobs=None) -> str:
-    """The kernel path problem p exercises most under `knobs` (gemm_from_tokens): decode,
-    prefill or gemm."""
+def path_of(p: Problem, knobs=None, amx: bool = False) -> str:
+    """The kernel path problem p exercises most under `knobs` on a build with AMX tiles or
+    not (gemm_from_tokens): decode, prefill or gemm."""
     per_expert = p.T * p.k / p.E
     if p.T <= DECODE_MAX_TOKENS or per_expert <= DECODE_MAX_TOKENS:
         return "decode"
-    return "gemm" if per_expert >= gemm_from_tokens(p.dtype, knobs) else "prefill"
+    return "gemm" if per_expert >= gemm_from_tokens(p.dtype, knobs, amx) else "prefill"
 
 
 def path_phase(shape: str, path: str) -> str:
