@@ -62,11 +62,22 @@ static inline int cb_tiles_ready(void) { return cb_amx_granted(); }
 #define CB_TILE_DPBUUD(c, a, b) cb_emu_dpbuud(c, a, b)
 #elif defined(__AMX_TILE__)
 #include <immintrin.h>
-#define CB_TILE_LOADCONFIG(cfg) _tile_loadconfig(cfg)
+/* The three operations that touch memory are our own asm, not <immintrin.h>'s: gcc 12's
+ * forms tell the compiler that ldtilecfg reads 8 bytes of the configuration and that
+ * tileloadd and tilestored touch no memory at all. It may then drop the configuration's
+ * column and row stores as dead (a build did: ldtilecfg read stack garbage and faulted), sink
+ * the activations' stores past the tile loads that read them, or read a C buffer before the
+ * tile store that fills it. Here ldtilecfg reads the whole 64 bytes, and the loads and
+ * stores clobber memory (a compiler barrier; the tile work per operation dwarfs it). */
+#define CB_TILE_LOADCONFIG(cfg) __asm__ volatile("ldtilecfg %0" ::"m"(*(const cb_tilecfg *)(cfg)))
 #define CB_TILE_RELEASE() _tile_release()
 #define CB_TILE_ZERO(t) _tile_zero(t)
-#define CB_TILE_LOADD(t, base, stride) _tile_loadd(t, base, stride)
-#define CB_TILE_STORED(t, base, stride) _tile_stored(t, base, stride)
+#define CB_TILE_LOADD(t, base, stride)                                                         \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"((const void *)(base)), "r"((long)(stride)) \
+                     : "memory")
+#define CB_TILE_STORED(t, base, stride)                                                        \
+    __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"((void *)(base)), "r"((long)(stride)) \
+                     : "memory")
 #define CB_TILE_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
 #define CB_TILE_DPBSSD(c, a, b) _tile_dpbssd(c, a, b)
 #define CB_TILE_DPBSUD(c, a, b) _tile_dpbsud(c, a, b)

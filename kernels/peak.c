@@ -187,22 +187,18 @@ static double loop_int8(double *ops) {
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__) && defined(__linux__)
 #define CB_PEAK_AMX 1
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} peak_tilecfg;
+#include "amx_tiles.h" /* the configuration and the memory operations with their true operands */
 
 /* tiles 0-3: C (16 x 16 x 4 bytes); 4, 5: A; 6, 7: B (16 rows of 64 bytes each) */
 static double loop_amx(int int8, double *ops) {
-    peak_tilecfg cfg;
+    cb_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; ++t) {
         cfg.colsb[t] = 64;
         cfg.rows[t] = 16;
     }
-    _tile_loadconfig(&cfg);
+    CB_TILE_LOADCONFIG(&cfg);
     static const uint8_t src[16 * 64]; /* zeros: the unit's rate does not depend on values */
     float c[16 * 16];
     for (int t = 0; t < 1; ++t) {
@@ -210,10 +206,10 @@ static double loop_amx(int int8, double *ops) {
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
-        _tile_loadd(4, src, 64);
-        _tile_loadd(5, src, 64);
-        _tile_loadd(6, src, 64);
-        _tile_loadd(7, src, 64);
+        CB_TILE_LOADD(4, src, 64);
+        CB_TILE_LOADD(5, src, 64);
+        CB_TILE_LOADD(6, src, 64);
+        CB_TILE_LOADD(7, src, 64);
     }
     const int n = CB_PEAK_ITERS * CB_PEAK_REPS / 4;
     if (int8) {
@@ -231,7 +227,7 @@ static double loop_amx(int int8, double *ops) {
             _tile_dpbf16ps(3, 5, 7);
         }
     }
-    _tile_stored(0, c, 64);
+    CB_TILE_STORED(0, c, 64);
     _tile_release();
     *ops = 2.0 * 16 * 16 * (int8 ? 64 : 32) * 4.0 * n;
     return (double)c[0];
