@@ -54,7 +54,7 @@ colibri_dense *colibri_dense_create(int rows, int cols, int weight_dtype, const 
     else memcpy(d->mem, w, nb);
     if (ns) memcpy((char *)d->mem + at, scales, ns * sizeof(float));
     d->m = (cb_mat){pb ? NULL : d->mem, ns ? (const float *)(const void *)((char *)d->mem + at) : NULL, rows, cols,
-                    pb ? d->mem : NULL};
+                    pb ? d->mem : NULL, 0};
     d->dtype = weight_dtype;
     d->weight_bytes = bytes;
     return d;

@@ -16,6 +16,8 @@ typedef struct {
     const float *scales;
     int rows, cols;
     const void *pk;
+    int exact; /* f32 products only, never the tiles' bf16 split of f32 (the router: a softmax
+                * magnifies its logits' error) */
 } cb_mat;
 
 /* gate/up [inter, H], down [H, inter]. */

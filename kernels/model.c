@@ -108,7 +108,7 @@ static cb_mat mat_at(const cb_model_file *mf, uint32_t t) {
     cb_mf_tensor e;
     cb_mf_tensor_at(mf, t, &e);
     const unsigned char *w = cb_mf_payload(mf, &e);
-    cb_mat m = {w, NULL, (int)e.rows, (int)e.cols, NULL};
+    cb_mat m = {w, NULL, (int)e.rows, (int)e.cols, NULL, 0};
     if (e.dtype == COLIBRI_INT8 || e.dtype == COLIBRI_INT4) /* data padded to 4, then f32 scales */
         m.scales = (const float *)(const void *)(w + ((cb_mat_data_bytes((int)e.dtype, e.rows, e.cols) + 3) &
                                                       ~(uint64_t)3));

@@ -176,3 +176,20 @@ def test_the_amx_timing_script_says_whether_this_host_can_run_it():
         assert res.returncode == 0 and "has AMX" in res.stdout
     else:
         assert res.returncode == 3 and "nothing run" in res.stderr, res.stderr
+
+
+def test_the_router_never_takes_the_tiles(other_lib, case):
+    """The router's f32 logits feed a softmax, which magnifies their error: its rows take the
+    f32 gemm (it gets a workspace) but never the tiles' bf16 split of f32, which the f32
+    experts take from 32 tokens on. With the int tiles off, an int8 layer then issues no tile
+    product at any token count (on real tiles, the split router put a bf16 layer's output
+    1.1e-4 from the reference, past its 1e-4 tolerance)."""
+    count = _products(other_lib)
+    layer = colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype="int8",
+                             lib=other_lib, **case.layer_kwargs())
+    before = count()
+    for T in (64, 300):
+        x = case.inputs(T, seed=T)
+        ok, _, msg = reference.compare(layer(x), case.reference(x, "int8"), "int8")
+        assert ok, f"T={T}: {msg}"
+    assert count() == before
