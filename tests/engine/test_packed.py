@@ -4,6 +4,8 @@ a layer's experts at create and a model file's at load, and computes what the
 stored-layout library computes, within the dtype's tolerance, at every token count
 (decode, prefill, many tokens per expert)."""
 import json
+import shlex
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +40,9 @@ def _packs_here(profile, dtype, lib=None) -> bool:
     return isa == "avx2" or (isa == "avx512" and "avx512_vnni" in cpuinfo.host_cpu().flags)
 
 
+PF = 4096  # the decode kernels' software prefetch distance in the fixture's library
+
+
 @pytest.fixture(scope="module")
 def packed_lib(tmp_path_factory):
     name = hostid.host_profile_name()
@@ -47,8 +52,8 @@ def packed_lib(tmp_path_factory):
     d = tmp_path_factory.mktemp("packed")
     cfg = render.write_config_h(d / "config.h", {"layout_int8": "interleaved", "layout_int4": "interleaved",
                                                    "layout_bf16": "interleaved", "layout_f32": "interleaved",
-                                                   "vec_rows": 2,
-                                                   "vec_rows_float": 2},
+                                                   "vec_rows": 2, "vec_rows_float": 2,
+                                                   "vec_prefetch_int8": PF, "vec_prefetch_int4": PF},
                                 signature="0", profile=name)
     return build_profile(name, config=cfg, build_dir=d / "build", quiet=True), prof
 
@@ -135,3 +140,78 @@ def test_packed_float_results_do_not_depend_on_the_thread_count(packed_lib, dtyp
             for o in outs[1:]:
                 np.testing.assert_array_equal(o, outs[0])
             assert_engine(outs[0], case.reference(x, dtype), dtype)
+
+
+# A harness around one part's source: __builtin_prefetch records its addresses, and the decode
+# kernel of two blocks a call runs once on blocks 0 and 1 of four laid side by side, as the
+# driver lays a call's blocks.
+PREFETCH_HARNESS = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#if defined(__x86_64__)
+#include <immintrin.h> /* its own prefetch forms stay as they are */
+#endif
+static const void *pf_seen[1 << 16];
+static size_t pf_n;
+static void pf_rec(const void *a) { if (pf_n < (1u << 16)) pf_seen[pf_n++] = a; }
+#define __builtin_prefetch(a, ...) pf_rec((const void *)(a))
+#include PART
+int main(void) {
+    enum { COLS = 1024 };
+    const int ng = q_groups(COLS);
+    const size_t bb = BLOCK_BYTES;
+    uint8_t *w = calloc(4, bb);
+    float *x = calloc(COLS, sizeof(float)), acc[2 * VL];
+    char *wsp = aligned_alloc(64, 1 << 20);
+    for (int i = 0; i < COLS; ++i) x[i] = (float)(i % 7) - 3.0f;
+    const uint8_t *p[2] = {w, w + bb};
+    KERNEL(p, PREP(x, COLS, NULL, 1, COLS, wsp), 0, ng, acc, 1, bb, bb);
+    /* the next call's blocks, 2 and 3: each line of their first PF bytes */
+    int missing = 0;
+    for (int b = 2; b < 4; ++b)
+        for (size_t off = 0; off < PF; off += 64) {
+            const uint8_t *line = w + b * bb + off;
+            int seen = 0;
+            for (size_t i = 0; i < pf_n && !seen; ++i)
+                seen = (const uint8_t *)pf_seen[i] >= line && (const uint8_t *)pf_seen[i] < line + 64;
+            missing += !seen;
+        }
+    printf("block bytes %zu, prefetches %zu, lines missing %d\n", bb, pf_n, missing);
+    return missing != 0;
+}
+"""
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4", "int4k"])
+def test_decode_prefetch_reaches_the_next_calls_blocks(packed_lib, tmp_path, dtype):
+    # A decode call reads two blocks side by side; each block's prefetch runs PF bytes ahead.
+    # Past its block's end it must go on into the block the next call reads in the same
+    # place, not into the call's other block: without that, the next call's second block
+    # started cold (measured: int4k Qwen3 decode 1.13x faster with it, on a Sapphire
+    # Rapids-class guest).
+    lib, prof = packed_lib
+    _lib(packed_lib, "int8" if dtype == "int8" else "int4")
+    part = "int8" if dtype == "int8" else "int4"
+    build = Path(lib).parent
+    cmds = json.loads((build / "compile_commands.json").read_text())
+    entry = next(c for c in cmds if f"/cbp_{part}_" in c["file"])
+    args = shlex.split(entry["command"])
+    flags = [a for a in args[1:] if a.startswith(("-O", "-std", "-m", "-D", "-f"))]
+    incs = [a if not a.startswith("-I") or Path(a[2:]).is_absolute() else f"-I{Path(entry['directory']) / a[2:]}"
+            for a in args if a.startswith("-I")]
+    others = [str(Path(entry["directory"]) / c["output"]) for c in cmds
+              if c is not entry and c["output"].endswith(".os")]
+    mode = {"int8": ("pk8_dec_v2_t1", "pk_prep_rows", "(size_t)ng * PK_GS"),
+            "int4": ("pk4_dec_v2_t1", "pk_prep_rows", "(size_t)ng * PK_GS"),
+            "int4k": ("k4pk_dec_v2_t1", "k4_prep_rows", "k4pk_block_bytes(COLS)")}[dtype]
+    src = tmp_path / "h.c"
+    src.write_text(PREFETCH_HARNESS)
+    exe = tmp_path / "h"
+    res = subprocess.run([args[0], *flags, *incs, f'-DPART="{entry["file"]}"', f"-DPF={PF}",
+                          f"-DKERNEL={mode[0]}", f"-DPREP={mode[1]}", f"-DBLOCK_BYTES={mode[2]}",
+                          # the library's other objects: the part calls into them
+                          str(src), *others, "-o", str(exe), "-lm"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
