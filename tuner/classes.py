@@ -5,8 +5,11 @@
    held at their defaults;
 2. the search: each point built, its machine code compared with the class default's
    (the same code is a tie and is not timed), then verified and timed alone in a worker
-   (the store keeps every result);
-3. the race: the best few and the default timed in interleaved rounds; after each round a
+   (the store keeps every result); a problem whose machine code (its dtype's part and the
+   router's f32 part) another variant was timed with takes that timing. When the
+   candidates are no more than the race takes, there is no search: they go to the race;
+3. the race: the best few and the default timed in interleaved rounds (verified first when
+   not screened, whose rounds the store then keeps as their timings); after each round a
    candidate that can no longer be adopted, or is clearly slower than the best, is
    dropped, and the race ends as soon as no verdict is open (decide.race_step), or at the
    class's time budget;
@@ -27,7 +30,7 @@ from tuner import decide
 from tuner.build import variants
 from tuner.build.signature import variant_id
 from tuner.context import KERNEL
-from tuner.measure import interleave
+from tuner.measure import interleave, worker
 
 
 def tune_class(t, cls: str, base: dict) -> dict:
@@ -78,17 +81,29 @@ def tune_class(t, cls: str, base: dict) -> dict:
         t.say(f"class {cls}: not tuned: {why}")
         return {"class": cls, "knobs": list(knobs), "skipped": why, "same_code_as_default": same}
     try:
-        default_cost = t.evaluate(baseline, prebuilt)
-        result = search.STRATEGIES[name].search(space, lambda k: t.evaluate(k, prebuilt), budget,
-                                                rng=random.Random(cfg.seed), start=start or None)
-        finals = finalists(t, result, baseline)
-        raced, bw = race(t, cls, finals, baseline)
+        direct = _race_only(t, prebuilt, ahead, baseline) if name == "exhaustive" else None
+        if direct is not None:
+            # a screening pass would only pick the finalists the race takes anyway
+            t.say(f"class {cls}: {len(direct) - 1} candidate(s), as many as the race takes: "
+                  f"verified and raced against the default, without a screening pass")
+            raced, bw = race(t, cls, direct, baseline, verify=True)
+            evaluations = sum(variant_id(k) not in (variant_id(baseline), *t.identical) for k in ahead)
+            default_cost = next((r["cost"] for r in raced if r["is_default"]), None)
+            if not raced:  # every candidate failed its check: the default alone, as screened
+                default_cost = t.evaluate(baseline, prebuilt)
+                raced, bw = race(t, cls, [baseline] if default_cost is not None else [], baseline)
+        else:
+            default_cost = t.evaluate(baseline, prebuilt)
+            result = search.STRATEGIES[name].search(space, lambda k: t.evaluate(k, prebuilt), budget,
+                                                    rng=random.Random(cfg.seed), start=start or None)
+            evaluations = result.evaluations
+            raced, bw = race(t, cls, finalists(t, result, baseline), baseline)
     finally:
         t.baseline = None
     winner = choose(t, cls, raced)
     same = sorted(v for v, d in t.identical.items() if d == variant_id(baseline))
     out = {"class": cls, "knobs": list(knobs), "problems": [p.name for p in t.problems],
-           "strategy": name, "space_size": space.size(), "evaluations": result.evaluations,
+           "strategy": name, "space_size": space.size(), "evaluations": evaluations,
            "default": baseline, "default_cost": default_cost, "finalists": raced,
            "winner": winner, "registry": seeded, "same_code_as_default": same,
            # measured in the race's rounds (else the run's probe): what "% of bw" divides by
@@ -109,6 +124,25 @@ def _all_same_code(t, prebuilt, points: list[dict], baseline: dict) -> list[str]
         if b is None or b.lib is None or not t.same_code_as_baseline(k):
             return []
     return [variant_id(k) for k in others]
+
+
+def _race_only(t, prebuilt, points: list[dict], baseline: dict) -> list[dict] | None:
+    """The candidates of `points` and the default, when the built candidates that differ from
+    the default's machine code are no more than the race's finalists (a screening pass
+    would pick them all); else None. Candidates that failed to build are recorded."""
+    others = [k for k in points if variant_id(k) != variant_id(baseline)]
+    if not others or len(others) > t.cfg.finalists or t.baseline is None:
+        return None
+    out = []
+    for k in others:
+        b = prebuilt.get(variant_id(k))
+        if b is None:  # measured before: the store has it, so screen as usual
+            return None
+        if b.lib is None:
+            t.evaluate(k, prebuilt)  # records the compile error
+        elif not t.tie_with_baseline(k):
+            out.append(k)
+    return [*out, baseline] if out else None
 
 
 def _cache_path(t, cls: str, baseline: dict, points: list[dict], strategy: str, budget):
@@ -221,10 +255,13 @@ def finalists(t, result, baseline: dict) -> list[dict]:
     return out
 
 
-def race(t, cls: str, finals: list[dict], baseline: dict) -> tuple[list[dict], float | None]:
+def race(t, cls: str, finals: list[dict], baseline: dict,
+         verify: bool = False) -> tuple[list[dict], float | None]:
     """The finalists and the default in interleaved rounds until the verdicts settle
     (decide.race_step), the most rounds, or the class's time budget: one entry per
-    finalist (retime_entries), and the read bandwidth of the rounds (None without a race)."""
+    finalist (retime_entries), and the read bandwidth of the rounds (None without a race).
+    verify: each is first checked against the NumPy reference (finalists not screened); one
+    that fails is recorded in the store and left out."""
     if not finals:
         return [], None
     d = next((i for i, k in enumerate(finals) if variant_id(k) == variant_id(baseline)), None)
@@ -250,17 +287,34 @@ def race(t, cls: str, finals: list[dict], baseline: dict) -> tuple[list[dict], f
           f"rounds, at most {cfg.race_budget_s:.0f} s")
     res = interleave.interleave(libs, t.problems, threads=[threads], weights_dir=t.work / "weights",
                                 seed=cfg.seed, rounds=(lo, hi), min_seconds=cfg.race_min_seconds,
-                                warmup=1, step=step, budget_s=cfg.race_budget_s,
-                                timeout_s=cfg.worker_timeout_s, bandwidth=True, say=t.say)
+                                warmup=1, verify=[verify] * len(libs), step=step,
+                                budget_s=cfg.race_budget_s, timeout_s=cfg.worker_timeout_s,
+                                bandwidth=True, say=t.say)
     if not res.ok:
         t.say(f"  the race failed: {res.status} {res.reason[:200]}")
+        return [], None
+    wrong = [i for i, v in enumerate(res.verified) if v is not None and v.get("status") != worker.STATUS_OK]
+    for i in wrong:
+        v = res.verified[i]
+        t.say(f"  {t.label(finals[i])}: {v.get('status')} ({str(v.get('reason', '')).splitlines()[0][:160]})")
+        for p in t.problems:
+            t._put(finals[i], p, v.get("status", "wrong"), str(v.get("reason", "")))
+    if d in wrong or len(wrong) == len(finals) - 1:  # nothing left to race against
         return [], None
     dropped = {i: r for i, r in res.dropped.items()}
     t.say(f"  {res.rounds} round(s) in {res.wall_s:.1f} s"
           + (f"; dropped after round(s) " + ", ".join(f"{dropped[i]} ({t.label(finals[i])})"
                                                       for i in sorted(dropped)) if dropped else ""))
-    per_lib = [[res.seconds[(n, threads)][i] for n in names] for i in range(len(finals))]
-    return (retime_entries(finals, per_lib, baseline, names, rounds=res.rounds, dropped=dropped),
+    keep = [i for i in range(len(finals)) if i not in wrong]
+    per_lib = [[res.seconds[(n, threads)][i] for n in names] for i in keep]
+    if verify:  # not screened: the store keeps the race's rounds as their measurements
+        for i, rounds in zip(keep, per_lib):
+            new = [(p, x) for p, x in zip(t.problems, rounds) if x and t.store.get(t.key(finals[i], p)) is None]
+            for p, samples in new:
+                t._put(finals[i], p, worker.STATUS_OK, "", samples)
+            t.measured += bool(new)
+    return (retime_entries([finals[i] for i in keep], per_lib, baseline, names, rounds=res.rounds,
+                           dropped={keep.index(i): r for i, r in dropped.items() if i in keep}),
             res.read_bandwidth(threads))
 
 

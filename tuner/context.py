@@ -12,13 +12,16 @@ already measured and a killed run loses nothing it finished.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
 
-from colibri_build import hostid, profiles, render, shapes
+from colibri_build import hostid, parts, profiles, render, shapes
 from tuner.build import codehash, variants
 from tuner.build.signature import BuildIdentity, variant_id
 from tuner.measure import interleave, problems as problems_mod, worker
@@ -105,6 +108,8 @@ class Tuner:
         self.problems = self.all_problems  # the class being tuned (set by run())
         self.baseline = None   # the class's default while a class is tuned: (knobs, code hashes)
         self.identical: dict[str, str] = {}  # vid -> the default's vid it has the machine code of
+        # (problem name, problem_code digest) -> the knobs of the variant timed with that code
+        self.timed_code: dict[tuple[str, str], dict] = {}
         self.work = Path(cfg.build_dir) / "tuner"
         self.store_path = Path(cfg.store_path or self.work / f"results-{self.host_id}.sqlite")
         self.store = _open_store(self.store_path, cfg.wait, self.say)
@@ -261,10 +266,53 @@ class Tuner:
             return False
         return codehash.differing(self.baseline[1], self.code(knobs)) == []
 
+    def tie_with_baseline(self, knobs: dict) -> bool:
+        """Whether a built variant has the class default's machine code; if so it is
+        recorded as a tie, never timed."""
+        if not self.same_code_as_baseline(knobs):
+            return False
+        self.identical[variant_id(knobs)] = variant_id(self.baseline[0])
+        self.say(f"  {self.label(knobs)}: the default's machine code: a tie, not timed")
+        return True
+
+    def problem_code(self, knobs: dict, prob) -> str | None:
+        """A digest of the machine code problem `prob` runs in a built variant: its dtype's
+        kernel part and the f32 part (the router's gemm); None when it cannot be read."""
+        code = self.code(knobs)
+        if code is None:
+            return None
+        mine = {"f32", parts.part_of(prob.dtype)}
+        items = sorted((k, v) for k, v in code.items() if k.split(":", 1)[0] in mine)
+        return hashlib.sha256(json.dumps(items).encode()).hexdigest()
+
+    def _note_timed(self, knobs: dict, rows) -> None:
+        """Remember the code each ok row of a built variant was timed with."""
+        for p, r in zip(self.problems, rows):
+            if r is not None and r.status == "ok" and not r.extra.get("same_code_as"):
+                digest = self.problem_code(knobs, p)
+                if digest is not None:
+                    self.timed_code.setdefault((p.name, digest), knobs)
+
+    def _same_code_row(self, knobs: dict, prob):
+        """The store's row of another variant timed in this run on `prob` with the machine
+        code this variant runs there, copied under this variant's key; None if there is none."""
+        digest = self.problem_code(knobs, prob)
+        src = self.timed_code.get((prob.name, digest)) if digest is not None else None
+        row = self.store.get(self.key(src, prob)) if src is not None else None
+        if row is None or row.status != "ok":
+            return None
+        m = dataclasses.replace(row, key=self.key(knobs, prob), knobs=dict(knobs), created=time.time(),
+                                reason=f"the machine code of {variant_id(src)} on this problem: its timing",
+                                extra={**row.extra, "same_code_as": variant_id(src)})
+        self.store.put(m)
+        return m
+
     def evaluate(self, knobs: dict, built=None) -> float | None:
         rows = self.cached(knobs)
         if rows is not None:
             self.from_store += 1
+            if self.baseline is not None:  # a built variant's code can serve the others
+                self._note_timed(knobs, rows)
             return self.cost(rows)
         vid = variant_id(knobs)
         b = (built.get(vid) if built is not None else None) or self.build([knobs]).get(vid)
@@ -274,33 +322,35 @@ class Tuner:
             rows = [self._put(knobs, p, "compile_error", b.error) for p in self.problems]
             self.say(f"  {self.label(knobs)}: compile error: {b.error.splitlines()[0] if b.error else ''}")
             return None
-        if self.same_code_as_baseline(knobs):
-            self.identical[vid] = variant_id(self.baseline[0])
-            self.say(f"  {self.label(knobs)}: the default's machine code: a tie, not timed")
+        if self.tie_with_baseline(knobs):
             return self.cost(self.cached(self.baseline[0]) or [])
-        outcomes = self.run_worker(b.lib, vid, self.cfg.min_seconds)
-        rows = []
-        for p, o in zip(self.problems, outcomes):
-            rows.append(self._put(knobs, p, o.status, o.reason, o.samples, o.max_rel_err))
+        # a problem whose code another variant of this run was timed with is not timed again
+        rows = [self._same_code_row(knobs, p) for p in self.problems]
+        todo = [p for p, r in zip(self.problems, rows) if r is None]
+        outcomes = iter(self.run_worker(b.lib, vid, self.cfg.min_seconds, todo) if todo else ())
+        rows = [r if r is not None else self._put(knobs, p, *_outcome_fields(next(outcomes)))
+                for p, r in zip(self.problems, rows)]
+        self._note_timed(knobs, rows)
         self.measured += 1
         self.say(f"  {self.label(knobs)}: " + "; ".join(_fmt_row(r, p) for r, p in zip(rows, self.problems)))
         return self.cost(rows)
 
-    def run_worker(self, lib: Path, vid: str, min_seconds: float):
+    def run_worker(self, lib: Path, vid: str, min_seconds: float, problems=None):
+        problems = list(self.problems if problems is None else problems)
         if not self.load_checked:  # once, when timing starts
             self.load_checked = True
             warning = load_warning(os.getloadavg()[0], os.cpu_count() or 1,
                                    self.cfg.threads or os.cpu_count() or 1)
             if warning:
                 self.say(warning)
-        interleave.prepare(self.problems, self.work / "weights", self.cfg.seed, self.say)
-        job = {"lib": str(lib), "problems": [{"name": p.name} for p in self.problems],
+        interleave.prepare(problems, self.work / "weights", self.cfg.seed, self.say)
+        job = {"lib": str(lib), "problems": [{"name": p.name} for p in problems],
                "weights_dir": str(self.work / "weights"), "seed": self.cfg.seed,
                "threads": self.cfg.threads, "min_seconds": min_seconds, "warmup": self.cfg.warmup}
         inject = self.cfg.inject or {}
         if vid in inject or "*" in inject:
             job["inject"] = inject.get(vid, inject.get("*"))
-        return worker.measure(job, self.cfg.worker_timeout_s, worker.memory_cap(self.problems))
+        return worker.measure(job, self.cfg.worker_timeout_s, worker.memory_cap(problems))
 
     def _put(self, knobs, prob, status, reason, samples=(), err=None) -> Measurement:
         med = spread = gbps = frac = None
@@ -362,11 +412,16 @@ def load_warning(load: float, cpus: int, threads: int) -> str | None:
             f"noisy (stop other work, or pass --threads to leave cores free)")
 
 
+def _outcome_fields(o) -> tuple:
+    return o.status, o.reason, o.samples, o.max_rel_err
+
+
 def _fmt_row(r: Measurement, p) -> str:
     if r.status != "ok":
         return f"{p.phase}/{p.dtype} {r.status} ({r.reason.splitlines()[0] if r.reason else ''})"
     extra = f" {r.gbps:.1f} GB/s" if r.gbps else ""
-    return f"{p.phase}/{p.dtype} {r.median_s * 1e3:.3f} ms{extra}"
+    same = f" (the code of {r.extra['same_code_as'][:8]}, not timed)" if r.extra.get("same_code_as") else ""
+    return f"{p.phase}/{p.dtype} {r.median_s * 1e3:.3f} ms{extra}{same}"
 
 
 def _probe_host(cfg, say) -> dict:

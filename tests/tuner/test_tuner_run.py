@@ -49,6 +49,9 @@ def make_broken_templates(d: Path) -> Path:
               "                        const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh, void *ws) {\n")
     assert marker in src
     inject = "".join(f'{{% if fault == "{k}" %}}    {v}\n{{% endif %}}' for k, v in FAULTS.items())
+    # fault_int8 reaches the int8 part's code only, as a real int8 knob does
+    inject += "".join(f'{{% if part == "int8" and fault_int8 == "{k}" %}}    {FAULTS["slow"].replace("200000", n)}\n{{% endif %}}'
+                      for k, n in (("slow", "200000"), ("slower", "400000")))
     # after each entry point's paths, before the function's closing brace
     end, nxt = "    } while (0);\n", "}\n\nstatic void part_rows_acc("
     assert src.count(end + nxt) == 1
@@ -61,7 +64,9 @@ def make_broken_templates(d: Path) -> Path:
     (d / "expert_ffn.c.j2").write_text(src.replace(marker, marker + inject))
     knobs = (d / "expert_ffn.knobs.yaml").read_text().replace(
         "constraints:", f"  fault:\n    values: [{', '.join(ALL_FAULTS)}]\n"
-        "    default: none\n    class: decode\n    domain: {paths: [decode], dtypes: [f32]}\n    doc: test-only fault injection\nconstraints:")
+        "    default: none\n    class: decode\n    domain: {paths: [decode], dtypes: [f32]}\n    doc: test-only fault injection\n"
+        "  fault_int8:\n    values: [none, slow, slower]\n    default: none\n    class: decode\n"
+        "    domain: {paths: [decode], dtypes: [int8]}\n    doc: test-only, int8's part\nconstraints:")
     (d / "expert_ffn.knobs.yaml").write_text(knobs)
     return d
 
@@ -413,11 +418,58 @@ def test_a_variant_with_the_defaults_machine_code_is_not_timed(tmp_path):
     assert len(decode["same_code_as_default"]) == 1 and "fault=same" in decode["same_code_as_default"][0]
     assert sorted(timed) == ["none", "slow"]  # "same" was built and compared, never timed
     assert "fault=same" in err and "the default's machine code: a tie, not timed" in err
+    # one candidate left, what the race takes: raced at once, its rounds kept as its timing
+    assert "1 candidate(s), as many as the race takes" in err
     # a class whose every variant is the default's code is not tuned at all, nothing timed
     s, err, timed = _run_faults(tmp_path / "b", ["none", "same"])
     assert timed == [] and not [c for c in s["classes"] if c["class"] == "decode"]
     (skip,) = [c for c in s["skipped_classes"] if c["class"] == "decode"]
     assert "reach no compiled code on this profile" in skip["why"]
+
+
+def test_a_problem_whose_machine_code_was_timed_is_not_timed_again(tmp_path, broken_templates):
+    # fault_int8 changes the int8 part only: on the f32 problem every candidate runs the
+    # default's code (the f32 part, the router's too), so only the int8 problem is timed
+    from colibri_build import profiles, render
+
+    prof = profiles.get_profile("generic")
+    d = render.resolve_knobs(render.load_knob_spec("expert_ffn"), prof.knobs, None, prof.kernel_isas)
+    pins = {k: [d[k]] for k in ("isa", "rows", "tok_block", "unroll")}  # the class default's
+    code = f"""
+import json, sys
+from pathlib import Path
+from tuner.run import RunConfig, run
+from tuner.build.signature import variant_id
+cfg = RunConfig(profile="generic", problems=("tiny/decode/f32", "tiny/decode/int8"),
+                strategy="exhaustive", quick=True, min_seconds=0.02, race_rounds=(1, 1),
+                build_dir=Path({str(tmp_path / 'build')!r}), emit=False, report=False, gate=False,
+                space_overrides={{**{pins!r}, "fault_int8": ["none", "slow", "slower"]}},
+                finalists=1)  # two candidates: screened, not raced at once
+s = run(cfg, host={FAKE_HOST!r})
+json.dump(s, sys.stdout, default=str)
+"""
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900, env=dict(os.environ, COLIBRI_TEMPLATES_DIR=str(broken_templates)))
+    assert res.returncode == 0, res.stderr[-3000:]
+    s = json.loads(res.stdout)
+    from tuner.build.signature import variant_id
+
+    (decode,) = [c for c in s["classes"] if c["class"] == "decode"]
+    dflt = variant_id(decode["default"])
+    con = sqlite3.connect(s["store"])
+    rows = {(variant_id(json.loads(k)), p): (json.loads(k)["fault_int8"], json.loads(x), m, r)
+            for k, p, x, m, r in con.execute("select knobs, problem, extra, median_s, reason from measurements")}
+    assert rows[(dflt, "tiny/decode/f32")][0] == "none" and "same_code_as" not in rows[(dflt, "tiny/decode/f32")][1]
+    seen = set()
+    for (vid, prob), (f, extra, med, reason) in rows.items():
+        if f == "none" or prob != "tiny/decode/f32":
+            continue
+        seen.add(f)
+        assert extra.get("same_code_as") == dflt and med == rows[(dflt, prob)][2], (f, extra, reason)
+        assert reason == f"the machine code of {dflt} on this problem: its timing"
+        assert "same_code_as" not in rows[(vid, "tiny/decode/int8")][1]  # timed
+    assert seen == {"slow", "slower"}
+    assert res.stderr.count("not timed)") == 2, res.stderr[-3000:]
 
 
 def test_load_warning_names_the_threads_whose_timings_will_be_noisy():
