@@ -420,7 +420,7 @@ def _fmt_row(r: Measurement, p) -> str:
     if r.status != "ok":
         return f"{p.phase}/{p.dtype} {r.status} ({r.reason.splitlines()[0] if r.reason else ''})"
     extra = f" {r.gbps:.1f} GB/s" if r.gbps else ""
-    same = f" (the code of {r.extra['same_code_as'][:8]}, not timed)" if r.extra.get("same_code_as") else ""
+    same = " (machine code timed above: not timed again)" if r.extra.get("same_code_as") else ""
     return f"{p.phase}/{p.dtype} {r.median_s * 1e3:.3f} ms{extra}{same}"
 
 

@@ -469,7 +469,7 @@ json.dump(s, sys.stdout, default=str)
         assert reason == f"the machine code of {dflt} on this problem: its timing"
         assert "same_code_as" not in rows[(vid, "tiny/decode/int8")][1]  # timed
     assert seen == {"slow", "slower"}
-    assert res.stderr.count("not timed)") == 2, res.stderr[-3000:]
+    assert res.stderr.count("(machine code timed above: not timed again)") == 2, res.stderr[-3000:]
 
 
 def test_load_warning_names_the_threads_whose_timings_will_be_noisy():

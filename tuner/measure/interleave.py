@@ -13,7 +13,8 @@ says so:
 With step=None it runs rounds[1] rounds (a fixed comparison). From round rounds[0] on,
 step decides after each round; it returns the libraries to keep, or None when the
 comparison is settled. A step that keeps fewer than two libraries, None, the maximum of
-rounds, or budget_s stops it.
+rounds, or budget_s (seconds of rounds, counted once the libraries are loaded and checked)
+stops it.
 """
 from __future__ import annotations
 
@@ -98,6 +99,7 @@ def interleave(libs: Sequence[str | Path], problems, *, threads: Sequence[int], 
                             timeout_s=timeout_s, bandwidth=bandwidth) as s:
             res.verified = list(s.verified)
             res.live = [i for i in res.live if not _failed(res.verified[i])]
+            t_ready = time.monotonic()  # the budget is for rounds, not for loading and checking
             for r in range(hi):
                 if len(res.live) < 2 and len(libs) > 1:
                     break
@@ -108,7 +110,7 @@ def interleave(libs: Sequence[str | Path], problems, *, threads: Sequence[int], 
                             res.seconds[c][i].append(v)
                 res.rounds = r + 1
                 res.bandwidth = {th: list(v) for th, v in s.bandwidth.items()}
-                if budget_s is not None and time.monotonic() - t0 > budget_s and res.rounds >= 2:
+                if budget_s is not None and time.monotonic() - t_ready > budget_s and res.rounds >= 2:
                     break
                 if step is not None and res.rounds >= lo:
                     chosen = step(res)
