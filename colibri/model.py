@@ -44,16 +44,23 @@ class Model:
         self._hidden = int(lib.colibri_model_hidden(handle))
 
     @classmethod
-    def load(cls, path, lib=None) -> "Model":
+    def load(cls, path, lib=None, *, check_crc: bool = True) -> "Model":
         """Map and validate `path`. lib: a library path or an opened library (default:
-        colibri._lib.open_library()). Raises FileNotFoundError, ModelFormatError, ColibriError."""
+        colibri._lib.open_library()). check_crc=False leaves the payloads' CRC-32 unchecked
+        (a pass over the whole file): only for files the caller wrote and whose outputs it
+        checks; a library that predates the option checks them anyway. Raises
+        FileNotFoundError, ModelFormatError, ColibriError."""
         fspath = os.fspath(path)
         if isinstance(fspath, bytes):
             fspath = os.fsdecode(fspath)
         if not os.path.exists(fspath):
             raise FileNotFoundError(f"no model file at {fspath}")
         lib = _open(lib)
-        handle = lib.colibri_load_model(os.fsencode(fspath))
+        if not check_crc and hasattr(lib, "colibri_load_model_with"):
+            opts = ffi.new("colibri_load_options *", {"skip_crc": 1})
+            handle = lib.colibri_load_model_with(os.fsencode(fspath), opts)
+        else:
+            handle = lib.colibri_load_model(os.fsencode(fspath))
         if handle == ffi.NULL:
             msg = last_error(lib)
             # The loader's own I/O and argument errors start with its name; everything

@@ -217,6 +217,13 @@ typedef struct colibri_model colibri_model;
 /* Maps the file read-only and validates it; NULL with a message naming the
  * field and byte offset on any defect. */
 colibri_model *colibri_load_model(const char *path);
+/* What colibri_load_model_with does differently (zero-initialise it; NULL: the defaults). */
+typedef struct colibri_load_options {
+    int skip_crc; /* 1: leave the tensors' CRC-32 unchecked (a corrupt payload then loads); for a
+                   * caller that wrote the file itself and checks the outputs (the tuner's timing
+                   * workers). The header and the tensor table are checked as always. */
+} colibri_load_options;
+colibri_model *colibri_load_model_with(const char *path, const colibri_load_options *opts);
 /* Each layer in order: h = h + moe(h). input/output [seq_len, hidden]; they may alias.
  * seq_len must be >= 1. A token with NaN/Inf in input ends as a NaN row (see forward). */
 int colibri_infer(colibri_model *model, const float *input, float *output, int seq_len);

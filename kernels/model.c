@@ -244,7 +244,9 @@ void colibri_free_model(colibri_model *m) {
     free(m);
 }
 
-colibri_model *colibri_load_model(const char *path) {
+colibri_model *colibri_load_model(const char *path) { return colibri_load_model_with(path, NULL); }
+
+colibri_model *colibri_load_model_with(const char *path, const colibri_load_options *opts) {
     cb_clear_error();
     if (!path) {
         cb_fail(COLIBRI_ERR_INVALID, "colibri_load_model: path is NULL");
@@ -277,7 +279,7 @@ colibri_model *colibri_load_model(const char *path) {
         colibri_free_model(m);
         return NULL;
     }
-    if (verify_referenced(&mf) != COLIBRI_OK) {
+    if (!(opts && opts->skip_crc) && verify_referenced(&mf) != COLIBRI_OK) {
         colibri_free_model(m);
         return NULL;
     }

@@ -571,6 +571,25 @@ def test_first_bad_checksum_in_table_order(base, tmp_path):
     assert load_error(buf, tmp_path).startswith("tensor[8].crc32")
 
 
+def test_a_load_without_the_crc_pass_takes_a_corrupt_payload_but_not_a_bad_header(base, tmp_path):
+    # check_crc=False (the tuner's timing workers, which check outputs themselves) skips
+    # only the pass over the payloads
+    t = base["header"]["tensors"][5]
+    buf = bytearray(base["bytes"])
+    buf[t["offset"] + t["nbytes"] // 3] ^= 0x01
+    p = tmp_path / "payload.colibri"
+    p.write_bytes(bytes(buf))
+    with pytest.raises(ModelFormatError, match=r"tensor\[5\]\.crc32"):
+        Model.load(p)
+    with Model.load(p, check_crc=False) as m:
+        assert m.n_layers == 2
+    buf = bytearray(base["bytes"])
+    buf[20] ^= 0x01  # inside the header's checksummed bytes
+    p.write_bytes(bytes(buf))
+    with pytest.raises(ModelFormatError, match=r"^.*header"):
+        Model.load(p, check_crc=False)
+
+
 # ------------------------------------------------------------------ dump tool
 
 def test_dump_valid_file(base, dump_tool):
