@@ -332,6 +332,8 @@ def time_rounds(layers, peers, xs, threads, rounds, min_seconds, bw_fn, per, bws
         for name in round_order(names, r):
             if name in layers:
                 per.setdefault(name, []).append(time_colibri(layers[name], xs, threads, min_seconds))
+            elif hasattr(peers[name], "seconds"):  # a peer that times its calls itself (ggml)
+                per.setdefault(name, []).append(peers[name].seconds(xs, threads, min_seconds))
             else:
                 with pinned_threads(threads):
                     per.setdefault(name, []).append(time_python(peers[name], xs, min_seconds))
@@ -347,10 +349,14 @@ def group_peaks(peaks, pks, threads):
     return out or None
 
 
-def group_rows(p, p_peer, per, bws, threads, copies, reached=None, peaks=None, pks=None) -> list[dict]:
+def group_rows(p, p_peer, per, bws, threads, copies, reached=None, peaks=None, pks=None,
+               own=None) -> list[dict]:
     """One row per implementation of a (problem, threads) group from its rounds; reached
     (experts_reached), peaks (tuner.host.peak.measure) and the rounds' bursts pks
-    (group_peaks) give its roofline."""
+    (group_peaks) give its roofline. `own` names the peers that run p's dtype in a format
+    of their own (ggml): {name: {"weights": its type, "decode_bytes": what a token reads}};
+    their GB/s and share of the read bandwidth count their own bytes, their roof is p's."""
+    own = own or {}
     bw = _median(bws) if bws else None
     peaks = group_peaks(peaks, pks, threads)
     rows = []
@@ -358,6 +364,8 @@ def group_rows(p, p_peer, per, bws, threads, copies, reached=None, peaks=None, p
         t = _median(ts)
         peer_row = name not in copies
         nbytes = _bytes_per_token(p_peer if peer_row else p)
+        if name in own:
+            nbytes = own[name]["decode_bytes"] if p.T == 1 else None
         # each round's time against the bandwidth read in that round, where every round has
         # both: this VM's read bandwidth switches between about 31 and 57 GB/s within a group,
         # so medians of the two taken apart can pair a kernel's slow rounds with fast readings
@@ -368,7 +376,7 @@ def group_rows(p, p_peer, per, bws, threads, copies, reached=None, peaks=None, p
                 return None
             return _median([a / b for a, b in zip(per[peer], ts)])
         gbps = nbytes / t / 1e9 if nbytes else None
-        rp = p_peer if peer_row else p
+        rp = p_peer if peer_row and name not in own else p
         rk = reached if reached is not None else p.k
         rf = roof(rp, rk, bw, peaks, threads)
         if paired and rf["roof_seconds"]:
@@ -376,7 +384,7 @@ def group_rows(p, p_peer, per, bws, threads, copies, reached=None, peaks=None, p
             rf = dict(rf, roof_seconds=share * t)
         rows.append({
             "case": p.name, "threads": threads, "impl": name, "rounds": len(ts),
-            "weights": p_peer.dtype if peer_row else p.dtype,
+            "weights": own[name]["weights"] if name in own else p_peer.dtype if peer_row else p.dtype,
             "seconds": t, "ms_per_token": t / p.T * 1e3, "round_seconds": ts,
             "gbps": gbps, "read_bw_gbps": bw, "round_read_bw_gbps": list(bws),
             "roof_ms_per_token": rf["roof_seconds"] / p.T * 1e3 if rf["roof_seconds"] else None,
@@ -388,7 +396,7 @@ def group_rows(p, p_peer, per, bws, threads, copies, reached=None, peaks=None, p
                                    if str(threads) in v},
             "gflops": p.flops / t / 1e9,
             "layer_copies": None if peer_row else copies[name],
-            "vs_numpy": ratio("numpy"), "vs_torch": ratio("torch"),
+            "vs_numpy": ratio("numpy"), "vs_torch": ratio("torch"), "vs_ggml": ratio("ggml"),
             "tuned_vs_default": ratio("colibri-default") if name == "colibri-tuned" else None})
     return rows
 
@@ -434,8 +442,45 @@ def measure_group(name, libs, build, peers, xs, threads_list, rounds, min_second
     return per, bws
 
 
+GGML_MAX_ERR = 0.5  # a ggml layer further than this from the f32 reference computes something else
+
+
+def ggml_peer(so, p32, w32, dtype, copies, x, ref, threads, info, say):
+    """ggml's layer for one dtype (colibri_bench/peers/ggml.py), or None where the harness
+    cannot build it or its output is not the layer's; each case's outcome goes to
+    info["cells"]."""
+    from colibri_bench.peers import ggml as gp
+
+    cell = {"case": f"{p32.shape}/{p32.phase}/{dtype}"}
+    info["cells"].append(cell)
+    why = gp.unsupported(p32, dtype)
+    if why:
+        cell["skipped"] = why
+        say(f"bench: ggml not run on {cell['case']}: {why}")
+        return None
+    t0 = time.perf_counter()
+    try:
+        layer = gp.GgmlLayer(so, p32, w32, dtype, copies)
+        y = layer.forward(x, threads)
+    except gp.GgmlError as e:
+        cell["skipped"] = str(e)
+        say(f"bench: ggml not run on {cell['case']}: {e}")
+        return None
+    err = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+    cell.update(type=layer.type_name, placed=layer.placed, rel_err=err,
+                setup_seconds=time.perf_counter() - t0)
+    if not err <= GGML_MAX_ERR:
+        cell["skipped"] = f"relative error {err:.3g} against the f32 reference"
+        say(f"bench: ggml not timed on {cell['case']}: {cell['skipped']}")
+        return None
+    say(f"bench: ggml {layer.type_name} for {dtype} ({layer.placed}): layer error {err:.3f} "
+        f"against the f32 reference, set up in {cell['setup_seconds']:.1f} s")
+    return layer
+
+
 def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=0,
-              build_dir=None, peers=("numpy", "torch"), say=print, time_same=False) -> dict:
+              build_dir=None, peers=("numpy", "torch"), say=print, time_same=False,
+              ggml=None) -> dict:
     build_dir = Path(build_dir or build_dir_default())
     profile = hostid.host_profile_name()
     libs = _libs(build_dir, profile, say)
@@ -453,6 +498,12 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
     if "torch" in peers and _torch() is None:
         say("bench: PyTorch is not installed: its column is skipped "
             "(pip install torch to compare against it)")
+    ggml_so = ggml_info = None
+    if ggml:
+        from colibri_bench.peers import ggml as gp
+        ggml_so, commit = gp.build(ggml, build_dir / "peers", say)
+        ggml_info = {"source": str(gp.source_dir(ggml)), "commit": commit, "cells": []}
+        say(f"bench: ggml {commit} built natively with its CPU repack buffers ({ggml_so.parent})")
     wdir = build_dir / "tuner" / "weights"
     rows, route_rows = [], []
     where = None
@@ -470,12 +521,19 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                     peer_fns["numpy"] = lambda x, w=w32, p=p32: numpy_layer(x, w, p)
                 if "torch" in peers and _torch() is not None:
                     peer_fns["torch"] = torch_layer_fn(w32, p32)
+                ref = numpy_layer(xs[0], w32, p32) if ggml_so else None
                 for dtype in dtypes:
                     p = problems_mod.problem(f"{shape}/{phase}/{dtype}")
                     where = p.name
                     # the f32 weights the peers run are >= 4x the LLC for every reference shape
                     copies = resident_copies(p.layer_bytes, llc)
                     path = weights.ensure_model(wdir, p, seed, copies, progress=say)
+                    dtype_peers, own = peer_fns, {}
+                    gl = ggml_so and ggml_peer(ggml_so, p32, w32, dtype, copies, xs[0], ref,
+                                               max(threads_list), ggml_info, say)
+                    if gl:
+                        dtype_peers = dict(peer_fns, ggml=gl)
+                        own = {"ggml": {"weights": gl.type_name, "decode_bytes": gl.decode_bytes}}
                     build = lambda name, path=path: Mapped(path, libs[name])  # noqa: E731
                     code = kernel_code(libs, path, dtype)
                     same = len(libs) > 1 and same_code(code)
@@ -483,13 +541,13 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                     # measure this machine's noise (0.92-1.05 on a 2-vCPU VM)
                     timed = libs if time_same or not same else {"colibri-default": libs["colibri-default"]}
                     pks = {th: [] for th in threads_list}
-                    per, bws = measure_group(p.name, timed, build, peer_fns, xs, threads_list, rounds,
+                    per, bws = measure_group(p.name, timed, build, dtype_peers, xs, threads_list, rounds,
                                              min_seconds, bw_fn, say,
                                              peak_fn(p.dtype) if p.T > 1 else None, pks)
                     for threads in threads_list:
                         for r in group_rows(p, p32, per[threads], bws[threads], threads,
                                             {name: copies for name in libs}, reached, peaks,
-                                            pks[threads]):
+                                            pks[threads], own):
                             if r["impl"] in code:
                                 r["kernels"] = code[r["impl"]]["kernels"]
                                 r["part"] = code[r["impl"]]["part"]
@@ -500,6 +558,7 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                                 r["tuned_same_code"] = {"kernels": code["colibri-tuned"]["kernels"],
                                                         "part": code["colibri-tuned"]["part"]}
                                 say(_fmt_same(r))
+                    del gl, dtype_peers  # ggml's copy of the weights goes before the next dtype's
             p = problems_mod.problem(f"{shape}/prefill{ROUTE_T}/f32")
             t_route = time_route(lib, p, ROUTE_T, min_seconds)
             layer_rows = [r for r in rows if r["case"] == p.name and r["impl"] == "colibri-default"]
@@ -521,7 +580,7 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
             "blas_env": {k: os.environ.get(k) for k in BLAS_ENV}, "blas": blas_info(),
             "rounds": rounds, "min_seconds": min_seconds, "compute_peaks": peaks,
             "rows": rows, "routing": route_rows,
-            "torch": getattr(_torch(), "__version__", None), "created": time.time(),
+            "torch": getattr(_torch(), "__version__", None), "ggml": ggml_info, "created": time.time(),
             "incomplete": incomplete}
 
 
@@ -564,7 +623,7 @@ def compute_peaks(lib_path, threads_list, say) -> dict | None:
 
 HEADER = (f"{'case':34} {'thr':>3} {'impl':15} {'ms/token':>9} {'GB/s':>6} {'bw GB/s':>7} "
           f"{'roof ms':>8} {'% roof':>6} {'roof by':>8} {'GFLOP/s':>8} {'vs numpy':>8} "
-          f"{'vs torch':>8} {'tuned/def':>9}")
+          f"{'vs torch':>8} {'vs ggml':>7} {'tuned/def':>9}")
 
 
 def _f(v, spec):
@@ -577,6 +636,7 @@ def _fmt(r):
             f"{_f(r['roof_ms_per_token'], '.3f'):>8} {_f(r['pct_of_roof'], '.1f'):>6} "
             f"{_f(r['roof_by'], '').replace('read bw', 'bw'):>8} "
             f"{r['gflops']:8.1f} {_f(r['vs_numpy'], '.2f'):>8} {_f(r['vs_torch'], '.2f'):>8} "
+            f"{_f(r.get('vs_ggml'), '.2f'):>7} "
             f"{_f(r['tuned_vs_default'], '.3f'):>9}"
             + (" (same code)" if r.get("same_code") else ""))
 
@@ -628,6 +688,10 @@ def main(argv=None) -> int:
                     help="timing per implementation per round (default 0.3)")
     ap.add_argument("--no-numpy", action="store_true", help="skip the NumPy peer")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
+    ap.add_argument("--ggml", metavar="DIR",
+                    help="also time ggml (llama.cpp's CPU backend) from this checkout of "
+                         "github.com/ggml-org/ggml or llama.cpp: built natively with its CPU repack "
+                         "buffers into build/peers/, never committed (colibri_bench/peers/ggml.py)")
     ap.add_argument("--time-same-code", action="store_true",
                     help="time the tuned library also on cells where it runs the default "
                          "build's machine code (default: such a cell is a tie, not timed)")
@@ -656,7 +720,8 @@ def main(argv=None) -> int:
         out = run_bench(args.shape or list(REFERENCE_SHAPES), args.dtype or list(quant.DTYPES),
                         args.phase or list(PHASES), args.threads or sorted({1, os.cpu_count() or 1}),
                         args.min_seconds, rounds=args.rounds, peers=peers,
-                        say=lambda m: print(m, flush=True), time_same=args.time_same_code)
+                        say=lambda m: print(m, flush=True), time_same=args.time_same_code,
+                        ggml=args.ggml)
     except (RuntimeError, MemoryError) as e:
         print(f"bench: {e}", file=sys.stderr)
         return 1
