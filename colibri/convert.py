@@ -633,7 +633,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the checkpoint's architecture (default: config.json's model_type)")
     p.add_argument("--weight-dtype", choices=list(quant.DTYPES),
                    help="storage of the expert weights (default: bf16 for a BF16 checkpoint, "
-                        "else f32: lossless)")
+                        "else f32: lossless; int4 is the 4.5-bit format, int4g32 the older 5-bit one)")
     p.add_argument("--config", metavar="config.json",
                    help="the checkpoint's Hugging Face config (default: config.json beside the "
                         "first SRC, if any)")

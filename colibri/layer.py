@@ -76,7 +76,7 @@ class MoELayer:
     """One Mixture-of-Experts layer held by the C engine.
 
     router [E, H], gate/up [E, I, H], down [E, H, I]: float32 arrays, converted to
-    `weight_dtype` ("f32", "bf16", "int8", "int4") and copied into one arena. Optional shared
+    `weight_dtype` ("f32", "bf16", "int8", "int4", "int4g32") and copied into one arena. Optional shared
     expert: shared_gate/up [S, H], shared_down [H, S], gated by sigmoid(shared_expert_gate . x)
     when shared_expert_gate [H] (or transformers' [1, H]) is given. Calling the layer on float32 x [T, H] returns
     moe(x) [T, H] (no residual). close() (or leaving a `with` block) frees the engine's copy
@@ -121,7 +121,7 @@ class MoELayer:
     @classmethod
     def from_encoded(cls, router, encoded, *, weight_dtype, shared_expert_gate=None, **kw):
         """A layer from weights already in `weight_dtype`: encoded maps gate, up, down (and
-        shared_gate/up/down) to (stored array, int8/int4 scales or None) as colibri.quant.encode
+        shared_gate/up/down) to (stored array, int8/int4g32 scales or None) as colibri.quant.encode
         returns them. Used by the tuner, whose weights are encoded once on disk."""
         if weight_dtype not in quant.DTYPES:
             raise ValueError(f"weight_dtype must be one of {quant.DTYPES}, got {weight_dtype!r}")
@@ -148,7 +148,7 @@ class MoELayer:
             if n not in shapes:
                 raise ValueError(f"unknown weight {n!r}")
             cols = shapes[n][-1]
-            shapes[n] = shapes[n][:-1] + (quant.stored_width(weight_dtype, cols),)  # int4/int4k: bytes
+            shapes[n] = shapes[n][:-1] + (quant.stored_width(weight_dtype, cols),)  # int4g32/int4: bytes
             if not isinstance(stored, np.ndarray) or stored.dtype != want:
                 raise TypeError(f"{n} must be a {np.dtype(want).name} array for {weight_dtype}")
             if stored.shape != shapes[n] or not stored.flags.c_contiguous:

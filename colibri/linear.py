@@ -31,7 +31,7 @@ class Linear:
     @classmethod
     def from_encoded(cls, stored, scales, cols, *, weight_dtype, threads=None, lib=None) -> "Linear":
         """From weights already in `weight_dtype` (colibri.quant.encode's pair), cols the
-        unpacked row length (int4 and int4k rows are bytes: quant.stored_width)."""
+        unpacked row length (int4g32 and int4 rows are bytes: quant.stored_width)."""
         if weight_dtype not in quant.DTYPES:
             raise ValueError(f"weight_dtype must be one of {quant.DTYPES}, got {weight_dtype!r}")
         cols = positive_int("cols", cols)

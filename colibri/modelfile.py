@@ -23,7 +23,7 @@ import numpy as np
 from . import quant
 
 MAGIC = 0xCAFE1234
-VERSION = 2  # written; v2 adds weight dtype 4 (int4k). Read: 1 and 2
+VERSION = 2  # written; v2 adds weight dtype 4 (int4). Read: 1 and 2
 MIN_VERSION = 1
 HEADER_BYTES = 128
 HEADER_CRC_BYTES = 104  # the header CRC covers bytes 0 .. 103
@@ -81,7 +81,7 @@ KIND_NAMES = ("router", "gate", "up", "down", "shared_gate", "shared_up", "share
 KIND = {name: i for i, name in enumerate(KIND_NAMES)}
 SCORING = {"softmax": 0, "softmax_topk": 1}
 SCORING_NAMES = {v: k for k, v in SCORING.items()}
-DTYPE_NAMES = quant.DTYPES  # code -> name: ("f32", "bf16", "int8", "int4", "int4k")
+DTYPE_NAMES = quant.DTYPES  # code -> name: ("f32", "bf16", "int8", "int4g32", "int4")
 
 _HEADER = struct.Struct("<10If7I4QI20x")
 _ENTRY = struct.Struct("<IIQQQQII")
@@ -255,9 +255,9 @@ def _payload(kind: int, a: np.ndarray, wdtype: int) -> tuple[int, bytes]:
         return 0, a.astype("<f4", copy=False).tobytes()
     if wdtype == 1:
         return 1, quant.to_bf16(a).astype("<u2", copy=False).tobytes()
-    if wdtype == 4:  # int4k: rows of super-blocks, scales inside
+    if wdtype == 4:  # int4: rows of super-blocks, scales inside
         return 4, np.ascontiguousarray(quant.quantize_int4k(a)).tobytes()
-    if wdtype == 3:  # int4: packed groups (a multiple of 16 bytes per row), then the scales
+    if wdtype == 3:  # int4g32: packed groups (a multiple of 16 bytes per row), then the scales
         q, s = quant.quantize_int4(a)
         return 3, np.ascontiguousarray(q).tobytes() + np.asarray(s, dtype="<f4").tobytes()
     q, s = quant.quantize_int8(a)
@@ -280,7 +280,7 @@ def save_model(path, layers: Sequence[dict], *, weight_dtype: str = "f32", align
     k_max (default top_k, else E); optional shared_gate [S,H], shared_up [S,H], shared_down [H,S]
     and shared_expert_gate [H]. All layers must share dimensions and routing config.
 
-    weight_dtype ("f32" | "bf16" | "int8" | "int4") applies to expert and shared-expert
+    weight_dtype ("f32" | "bf16" | "int8" | "int4" | "int4g32") applies to expert and shared-expert
     matrices; the router and the shared expert gate stay f32. With share=True,
     identical tensors (same kind and stored bytes, e.g. one expert array reused by
     several layers) are stored once and named by several slots.

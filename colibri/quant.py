@@ -1,5 +1,5 @@
-"""Weight formats: f32 -> bf16, int8 (symmetric, one scale per row), int4
-(symmetric, one scale per group of 32 along a row, packed for the kernel) and int4k
+"""Weight formats: f32 -> bf16, int8 (symmetric, one scale per row), int4g32
+(symmetric, one scale per group of 32 along a row, packed for the kernel) and int4
 (4.5 bits per weight: per group of 32 a 6-bit scale and min, f16 super-block scales),
 and back.
 
@@ -10,23 +10,23 @@ from __future__ import annotations
 
 import numpy as np
 
-DTYPES = ("f32", "bf16", "int8", "int4", "int4k")
-DTYPE_CODES = {"f32": 0, "bf16": 1, "int8": 2, "int4": 3, "int4k": 4}
-STORED_DTYPES = {"f32": np.float32, "bf16": np.uint16, "int8": np.int8, "int4": np.uint8,
-                 "int4k": np.uint8}
+DTYPES = ("f32", "bf16", "int8", "int4g32", "int4")
+DTYPE_CODES = {"f32": 0, "bf16": 1, "int8": 2, "int4g32": 3, "int4": 4}
+STORED_DTYPES = {"f32": np.float32, "bf16": np.uint16, "int8": np.int8, "int4g32": np.uint8,
+                 "int4": np.uint8}
 
 # Worst-case element error of each format, as a bound the tests check:
 # bf16 keeps 8 significant bits (7 stored), so round-to-nearest errs by at most 2^-8 relative;
 # int8 errs by at most half a step, scale / 2, with scale = max|row| / 127.
-# int4 errs by at most half a step of its group, scale / 2, with scale = max|group| / 7.
+# int4g32 errs by at most half a step of its group, scale / 2, with scale = max|group| / 7.
 BF16_REL_ERR = 2.0 ** -8
 
-# int4: groups of INT4_GROUP weights along a row (the last one zero-padded), one f32
+# int4g32: groups of INT4_GROUP weights along a row (the last one zero-padded), one f32
 # scale each; q = rint(w / scale) in [-7, 7] stored as the nibble q + 8. Group g of a
 # row is 16 bytes: byte j holds weight j in its low nibble and weight 16 + j in its
 # high nibble, so one 16-byte load and a mask/shift give two runs of 16 weights that
 # line up with 16 consecutive activations each (see templates/expert_ffn.c.j2).
-# The int8 and int4 kernels also quantize the activations they multiply, per group of
+# The int8 and int4g32 kernels also quantize the activations they multiply, per group of
 # 32, to int8 (scale = max|x_group| / 127) and accumulate exact integer dot products
 # per group (VNNI vpdpbusd where the target has it).
 INT4_GROUP = 32
@@ -116,13 +116,13 @@ def dequantize_int4(packed: np.ndarray, scales: np.ndarray, cols: int) -> np.nda
     return np.ascontiguousarray(w[..., :cols])
 
 
-# int4k: a row is super-blocks of up to INT4K_SUPER groups of 32, each a 16-byte header
-# and then its groups' 16 bytes of nibbles q (0..15, int4's byte order); a group's weights
+# int4: a row is super-blocks of up to INT4K_SUPER groups of 32, each a 16-byte header
+# and then its groups' 16 bytes of nibbles q (0..15, int4g32's byte order); a group's weights
 # are d * sc * q - dmin * mn. Header words h0..h3 (little-endian uint32) hold 16 six-bit
 # codes, c = j group j's sc and c = 8 + j its mn: code c < 15 is bits 6 (c % 5).. of
 # h[c // 5], code 15 the top two bits of h0, h1, h2 (its bits 0-1, 2-3, 4-5); h3 is f16 d
 # (low half) and f16 dmin (high half). kernels/internal.h and FORMAT.md say the same; the
-# fit is C's (kernels/int4k.c, colibri_quantize_int4k). The int4k kernels quantize their
+# fit is C's (kernels/int4k.c, colibri_quantize_int4k). The int4 kernels quantize their
 # activations per super-block (quantize_activations with group 256), as ggml's q8_K.
 INT4K_SUPER = 8
 
@@ -156,7 +156,7 @@ def dequantize_int4k(stored: np.ndarray, cols: int) -> np.ndarray:
     ng = int4_groups(cols)
     nsb = -(-ng // INT4K_SUPER)
     if rows.shape[1] != int4k_row_bytes(cols):
-        raise ValueError(f"int4k rows of {cols} weights are {int4k_row_bytes(cols)} bytes, got {rows.shape[1]}")
+        raise ValueError(f"int4 rows of {cols} weights are {int4k_row_bytes(cols)} bytes, got {rows.shape[1]}")
     w = np.empty((rows.shape[0], ng * INT4_GROUP), np.float32)
     at = 0
     for sb in range(nsb):
@@ -179,10 +179,10 @@ def dequantize_int4k(stored: np.ndarray, cols: int) -> np.ndarray:
 
 
 def quantize_activations(x: np.ndarray, group: int = INT4_GROUP) -> np.ndarray:
-    """What the int8 and int4 kernels multiply instead of x [..., cols]: x quantized to
+    """What the int8 and int4g32 kernels multiply instead of x [..., cols]: x quantized to
     int8 per group of 32 (scale = max|group| / 127, round to nearest even) and scaled back,
     in the same float32 operations as the C code (templates/expert_ffn/quant.j2,
-    act_quant_group); int4k's kernels do the same per super-block of 256 (group=256)."""
+    act_quant_group); int4's kernels do the same per super-block of 256 (group=256)."""
     x = np.asarray(x, dtype=np.float32)
     cols = x.shape[-1]
     ng = -(-cols // group)
@@ -200,15 +200,15 @@ def quantize_activations(x: np.ndarray, group: int = INT4_GROUP) -> np.ndarray:
 
 # What the kernels of a dtype do to activations before each matrix (the reference
 # applies the same to compare arithmetic, not formats).
-ACTIVATION_ROUNDING = {"int8": quantize_activations, "int4": quantize_activations,
-                       "int4k": lambda x: quantize_activations(x, INT4K_SUPER * INT4_GROUP)}
+ACTIVATION_ROUNDING = {"int8": quantize_activations, "int4g32": quantize_activations,
+                       "int4": lambda x: quantize_activations(x, INT4K_SUPER * INT4_GROUP)}
 
 
 def stored_bytes(dtype: str, rows: int, cols: int) -> int:
     """Bytes the engine streams for one [rows, cols] matrix: data plus its scales."""
-    if dtype == "int4":
+    if dtype == "int4g32":
         return rows * int4_groups(cols) * (16 + 4)
-    if dtype == "int4k":
+    if dtype == "int4":
         return rows * int4k_row_bytes(cols)
     if dtype == "int8":
         return rows * cols + rows * 4
@@ -216,10 +216,10 @@ def stored_bytes(dtype: str, rows: int, cols: int) -> int:
 
 
 def stored_width(dtype: str, cols: int) -> int:
-    """The last dimension of a stored [rows, cols] matrix: int4 and int4k rows are bytes."""
-    if dtype == "int4":
+    """The last dimension of a stored [rows, cols] matrix: int4g32 and int4 rows are bytes."""
+    if dtype == "int4g32":
         return int4_groups(cols) * 16
-    if dtype == "int4k":
+    if dtype == "int4":
         return int4k_row_bytes(cols)
     return cols
 
@@ -228,7 +228,7 @@ def scales_shape(dtype: str, lead: tuple, cols: int) -> tuple | None:
     """The shape of the scales of stored weights [*lead, cols]; None: the dtype has none."""
     if dtype == "int8":
         return tuple(lead)
-    if dtype == "int4":
+    if dtype == "int4g32":
         return tuple(lead) + (int4_groups(cols),)
     return None
 
@@ -242,26 +242,26 @@ def encode(a: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray | None]:
     if dtype == "int8":
         q, s = quantize_int8(a)
         return np.ascontiguousarray(q), np.ascontiguousarray(s)
-    if dtype == "int4":
+    if dtype == "int4g32":
         q, s = quantize_int4(a)
         return np.ascontiguousarray(q), np.ascontiguousarray(s)
-    if dtype == "int4k":
+    if dtype == "int4":
         return quantize_int4k(a), None
     raise ValueError(f"weight_dtype must be one of {DTYPES}, got {dtype!r}")
 
 
 def decode(stored: np.ndarray, scales: np.ndarray | None, dtype: str,
            cols: int | None = None) -> np.ndarray:
-    """The float32 weights the engine computes with (int4 and int4k need the row length, cols)."""
+    """The float32 weights the engine computes with (int4g32 and int4 need the row length, cols)."""
     if dtype == "f32":
         return np.asarray(stored, dtype=np.float32)
     if dtype == "bf16":
         return from_bf16(stored)
     if dtype == "int8":
         return dequantize_int8(stored, scales)
-    if dtype == "int4":
+    if dtype == "int4g32":
         return dequantize_int4(stored, scales, cols)
-    if dtype == "int4k":
+    if dtype == "int4":
         return dequantize_int4k(stored, cols)
     raise ValueError(f"weight_dtype must be one of {DTYPES}, got {dtype!r}")
 

@@ -53,7 +53,7 @@ def silu(z):
 
 def expert(x, gate, up, down, act=None):
     """x [n, H] float64; gate/up [I, H]; down [H, I]. act: what the kernels do to the
-    activations before each matrix (int4: colibri.quant.quantize_activations), or None."""
+    activations before each matrix (int4g32: colibri.quant.quantize_activations), or None."""
     if act is None:
         return (silu(x @ gate.T) * (x @ up.T)) @ down.T
     xa = np.asarray(act(x), dtype=np.float64)
@@ -131,7 +131,7 @@ def inputs_with_margin(router, T, *, top_k, dyn_p=0.0, k_min=1, k_max=None, seed
 
 # How far the engine may be from this reference of the same weight format (compare()).
 RTOL = 1e-4             # float32 accumulation against float64
-FLIP_RTOL = 5e-2        # int8/int4: every element within this,
+FLIP_RTOL = 5e-2        # int8/int4g32: every element within this,
 FLIP_L2 = 1e-3          # the whole output within this relative L2 error,
                         # and the median element within RTOL
 
@@ -141,7 +141,7 @@ def compare(out, ref, dtype: str = "f32") -> tuple[bool, float, str]:
 
     Elementwise error is |out - ref| / (|ref| + mean |ref| of the row): the row-mean term
     stands in for the size of the summed terms where an output cancels to near zero.
-    f32 and bf16: every element within RTOL. int8 and int4 kernels round each matrix's
+    f32 and bf16: every element within RTOL. int8 and int4g32 kernels round each matrix's
     activations to int8 steps (quant.ACTIVATION_ROUNDING), and the engine's float32 h and
     the reference's float64 h can land on either side of a step boundary; one such flip
     moves that token's whole output row by about one step times a down weight (seen up to

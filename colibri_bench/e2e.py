@@ -47,7 +47,7 @@ SHAPES = {
 }
 
 
-VARIANTS = [f"{scope}:{dt}" for scope in ("moe", "all") for dt in ("f32", "bf16", "int8", "int4")]
+VARIANTS = [f"{scope}:{dt}" for scope in ("moe", "all") for dt in ("f32", "bf16", "int8", "int4", "int4g32")]
 
 
 def build_model(shape: str, layers: int, seed: int = 0):

@@ -9,13 +9,13 @@ included).
     w = (q - 8) d (18 bytes per 32: 4.5 bits per weight);
   - q4_1: f16 d = (max - min) / 15 and f16 m = min, w = q d + m (20 bytes: 5.0);
   - q8_0: f16 d = max|w| / 127, w = q d with q in -127..127 (34 bytes: 8.5).
-- k4: the NumPy statement of Colibri's int4k fit (issue 29; the engine's is C,
+- k4: the NumPy statement of Colibri's int4 fit (issue 29; the engine's is C,
   kernels/int4k.c, and tests/bench/test_quanterr.py holds the two to the same bits),
   K-quant style: super-blocks of 256 weights hold 8 sub-blocks of 32; a sub-block's weights
   are w = d sc q - dmin mn with q in 0..15 and 6-bit sc and mn, d and dmin f16 per
   super-block: (1024 + 8 x 12 + 32) bits per 256 weights = 4.5 bits per weight. Each
   sub-block's scale and offset are fitted by least squares over a few starting ranges
-  before the 6-bit rounding. The harness lists int4k among Colibri's dtypes.
+  before the 6-bit rounding. The harness lists int4 among Colibri's dtypes.
 
 Rows are padded with zeros to whole blocks; the padding is not counted in the error.
 """

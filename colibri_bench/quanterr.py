@@ -7,7 +7,7 @@ freedom (heavier tails, closer to real checkpoints):
 - bits per weight, scales included;
 - weight error: ||W' - W|| / ||W||, W' the weights the kernels multiply;
 - layer error: ||x' W'^T - x W^T|| / ||x W^T|| for `tokens` Gaussian tokens x, x' the
-  activations as the format's kernels see them (Colibri's int8/int4 kernels and its
+  activations as the format's kernels see them (Colibri's int8/int4g32 kernels and its
   candidates round them per group of 32 to int8; ggml's quantised dot products to q8_0
   blocks, the same with an f16 scale).
 All in float64 sums of float32 values; the same seed gives the same figures.

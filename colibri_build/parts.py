@@ -25,15 +25,26 @@ from typing import Any, Mapping
 from . import render, shapes as shapes_mod
 from .paths import TEMPLATES_DIR
 
-PARTS = render.DOMAIN_DTYPES   # f32, bf16, int8, int4: colibri_dtype's order (kernels/colibri.h)
-# weight dtypes that run in another dtype's part (kernels.h, cbk_part_of): int4k's kernels
-# live in the int4 part, on int4's knobs
-HOSTED = {"int4k": "int4"}
+PARTS = render.DOMAIN_DTYPES   # f32, bf16, int8, int4: the kernel parts, one per family
+# weight dtypes that run in another dtype's part (kernels.h, cbk_part_of): the older int4
+# format's kernels live in the int4 part, on int4's knobs
+HOSTED = {"int4g32": "int4"}
+
+
+# The weight dtype the tuner times a part's knobs on, where the part serves several: the
+# int4 part's knobs (rows, gemm, packed layout and decode) all reach the older int4g32
+# format, while int4's own kernels run only packed decode and prefill, on few of them.
+TIMED_DTYPE = {"int4": "int4g32"}
 
 
 def part_of(dtype: str) -> str:
     """The part whose kernels serve weight dtype `dtype`."""
     return HOSTED.get(dtype, dtype)
+
+
+def timed_dtype(part: str) -> str:
+    """The weight dtype whose problems measure `part`'s knobs (TIMED_DTYPE)."""
+    return TIMED_DTYPE.get(part, part)
 PLACEHOLDER = "CBK_PART_SYMBOL"  # the template's part_symbol while its text is hashed
 INDEX_NAME = "index.json"
 

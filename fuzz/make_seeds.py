@@ -40,7 +40,7 @@ def layer(seed: int, *, shared: bool = False, gated: bool = False, **route) -> d
 def seeds() -> dict[str, tuple[list[dict], dict]]:
     """file name -> (layers, save_model keywords)."""
     out = {}
-    for dtype in ("f32", "bf16", "int8", "int4", "int4k"):
+    for dtype in ("f32", "bf16", "int8", "int4g32", "int4"):
         out[f"one_layer_{dtype}"] = ([layer(1)], dict(weight_dtype=dtype))
         out[f"shared_gated_{dtype}"] = ([layer(2, shared=True, gated=True)],
                                         dict(weight_dtype=dtype))

@@ -55,11 +55,13 @@ typedef enum {
     COLIBRI_BF16 = 1, /* upper 16 bits of an IEEE float, round-to-nearest-even */
     COLIBRI_INT8 = 2, /* symmetric, one float scale per output row: w = q * scale; the
                        * kernels quantize activations to int8 per group of 32 (as int4) */
-    COLIBRI_INT4 = 3, /* symmetric, one float scale per group of 32 along a row; a row is
+    COLIBRI_INT4 = 3, /* the older int4 format, "int4g32" in Python and the tools (files
+                       * of it still load); symmetric, one float scale per group of 32 along a row; a row is
                        * ceil(cols/32) groups of 16 bytes: byte j = (q[j] + 8) | (q[16+j] + 8) << 4,
                        * q in [-7, 7], w = q * scale (padding weights q = 0). The kernels
                        * also quantize activations to int8 per group of 32 (FORMAT.md) */
-    COLIBRI_INT4K = 4 /* 4.5 bits per weight, no separate scales: a row is super-blocks of
+    COLIBRI_INT4K = 4 /* "int4" in Python and the tools, what they write for int4: 4.5 bits
+                       * per weight, no separate scales: a row is super-blocks of
                        * up to 8 groups of 32, each a 16-byte header (6-bit scale and min
                        * codes per group, f16 d and dmin) and then its groups' 16 bytes of
                        * nibbles q in [0, 15]: w = d * sc * q - dmin * mn (FORMAT.md,

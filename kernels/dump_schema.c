@@ -128,7 +128,7 @@ static int print_tensors(cb_model_file *mf, const char *path) {
     }
 
     printf("\ntensor table (byte %llu): %u entries x 48 bytes\n", U(mf->h.tensor_table_offset), n);
-    printf("  %5s  %-18s %-5s %17s %12s %12s  %-10s %-4s %s\n", "index", "kind", "dtype",
+    printf("  %5s  %-18s %-7s %17s %12s %12s  %-10s %-4s %s\n", "index", "kind", "dtype",
            "rows x cols", "offset", "nbytes", "crc32", "", "used by");
     int bad = 0;
     uint64_t stored = 0, referenced = 0;
@@ -154,7 +154,7 @@ static int print_tensors(cb_model_file *mf, const char *path) {
         char shape[40], kind[24];
         snprintf(shape, sizeof shape, "%llu x %llu", U(e.rows), U(e.cols));
         snprintf(kind, sizeof kind, "%u %s", e.kind, cb_mf_kind_name(e.kind));
-        printf("  %5u  %-18s %-5s %17s %12llu %12llu  0x%08X %-4s", t, kind, cb_mf_dtype_name(e.dtype),
+        printf("  %5u  %-18s %-7s %17s %12llu %12llu  0x%08X %-4s", t, kind, cb_mf_dtype_name(e.dtype),
                shape, U(e.offset), U(e.nbytes), e.crc32, ok ? "ok" : "BAD");
         uint64_t nu = start[t + 1] - start[t];
         stored += e.nbytes;

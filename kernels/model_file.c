@@ -94,8 +94,8 @@ const char *cb_mf_dtype_name(uint32_t dtype) {
     case COLIBRI_F32: return "f32";
     case COLIBRI_BF16: return "bf16";
     case COLIBRI_INT8: return "int8";
-    case COLIBRI_INT4: return "int4";
-    case COLIBRI_INT4K: return "int4k";
+    case COLIBRI_INT4: return "int4g32"; /* the older int4 format; Python names it so */
+    case COLIBRI_INT4K: return "int4";
     default: return "unknown";
     }
 }

@@ -41,7 +41,7 @@ def in_class(spec, p, cls: str, knobs=None, amx: bool = False) -> bool:
     """Problem p lies in the domain of class cls: its kernel path under `knobs` on a build
     with AMX tiles or not (decode, prefill, gemm by tokens per expert, problems.path_of)
     and its dtype are among the class's knobs'."""
-    return spec.class_domain(cls).covers(problems_mod.path_of(p, knobs, amx), p.dtype)
+    return spec.class_domain(cls).covers(problems_mod.path_of(p, knobs, amx), p.part)
 
 
 def default_problems(spec, shape: str = problems_mod.DEFAULT_SHAPE) -> tuple[str, ...]:

@@ -26,13 +26,14 @@ import json
 import os
 import sys
 
-from colibri_build import render, shapes
+from colibri_build import parts, render, shapes
 from tuner import decide
 from tuner.build import codehash, variants
 from tuner.build.signature import variant_id
 from tuner.measure import interleave, problems as problems_mod
 
-# the dtypes whose kernel parts tuning changes (int4k runs in int4's part, not gated yet)
+# the kernel parts tuning changes, each gated in the dtype the tuner times it on
+# (colibri_build.parts.timed_dtype: the int4 part on int4g32)
 DTYPES = render.DOMAIN_DTYPES
 
 PHASES = ("decode", "prefill128", "prefill512")
@@ -45,12 +46,13 @@ def matrix(shapes_, dtypes=DTYPES, phases=PHASES) -> list[str]:
     """Problem names of the validation matrix, shape outer, then phase, then dtype: the
     phases given, and the one of each kernel path for the shape (problems.path_phase: a
     shape with few experts reaches the prefill dot kernels below prefill128)."""
+    from colibri_build.parts import timed_dtype
     from colibri_build.render import PATHS
 
     out = []
     for s in shapes_:
         mine = dict.fromkeys([*phases, *(problems_mod.path_phase(s, p) for p in PATHS)])
-        out += [f"{s}/{ph}/{d}" for ph in mine for d in dtypes]
+        out += [f"{s}/{ph}/{timed_dtype(d)}" for ph in mine for d in dtypes]
     return out
 
 
@@ -60,7 +62,7 @@ def owners(spec, changed: dict[str, list[str]], problem, knobs=(), amx: bool = F
     thresholds and layouts may differ; none: the template's defaults), on a build with AMX
     tiles or not."""
     paths = {problems_mod.path_of(problem, k, amx) for k in knobs or [None]}
-    return [c for c in changed if any(spec.class_domain(c).covers(path, problem.dtype) for path in paths)]
+    return [c for c in changed if any(spec.class_domain(c).covers(path, problem.part) for path in paths)]
 
 
 def _threads(cfg_threads) -> list[int]:
@@ -101,7 +103,7 @@ def run_gate(t, knobs: dict, tuned_shapes: dict[str, list[str]]) -> dict:
     cfg = t.cfg
     threads = list(cfg.gate_threads or _threads(cfg.threads))
     record = {"shapes": sorted({s for v in tuned_shapes.values() for s in v}),
-              "phases": list(PHASES), "dtypes": list(DTYPES), "threads": threads,
+              "phases": list(PHASES), "dtypes": [parts.timed_dtype(d) for d in DTYPES], "threads": threads,
               "rounds": [3, cfg.gate_rounds], "min_seconds": cfg.gate_min_seconds,
               "rule": f"a cell is slower when the upper bound of its 95% interval is < 1.0 or its "
                       f"median ratio < {decide.SLOWER_MEDIAN}; rounds stop once every cell's "

@@ -81,7 +81,7 @@ def tune_shape_class(t: Tuner, sc: str, probs: list) -> dict:
     for cls, knobs in t.classes.items():
         live = t.live_cells(cls, base)
         t.problems = [p for p in probs if in_class(t.spec, p, cls, base, t.amx)
-                      and (problems_mod.path_of(p, base, t.amx), p.dtype) in live]
+                      and (problems_mod.path_of(p, base, t.amx), p.part) in live]
         why = t.class_applies(cls, base) or (
             "its knobs change no code that runs in this build (the weight layouts it holds)" if not live
             else "no problem of this run lies in its domain" if not t.problems else None)
@@ -171,7 +171,7 @@ def _write_report(t: Tuner, summary: dict) -> dict:
 def _uncovered(t: Tuner, live: set, base: dict) -> list[str]:
     """The class's live (path, dtype) cells (Tuner.live_cells) that no problem of the run
     measures under `base`."""
-    have = {(problems_mod.path_of(p, base, t.amx), p.dtype) for p in t.problems}
+    have = {(problems_mod.path_of(p, base, t.amx), p.part) for p in t.problems}
     return [f"{path}/{dtype}" for path in render.PATHS for dtype in render.DOMAIN_DTYPES
             if (path, dtype) in live and (path, dtype) not in have]
 

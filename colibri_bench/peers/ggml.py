@@ -7,8 +7,8 @@ github.com/ggml-org/ggml or of llama.cpp, whose ggml/ folder is used), natively
 ggml_moe.c (this folder; our own harness over ggml's public API) is compiled against it.
 Nothing of ggml is kept in this tree.
 
-Weight types: f32 -> F32, bf16 -> BF16, int8 -> Q8_0 (8.5 bits per weight), int4 -> Q4_0
-(4.5; repacked to q4_0 8x8 on AVX2 and newer), int4k -> Q4_K (4.5; repacked 8x8). Shapes
+Weight types: f32 -> F32, bf16 -> BF16, int8 -> Q8_0 (8.5 bits per weight), int4g32 -> Q4_0
+(4.5; repacked to q4_0 8x8 on AVX2 and newer), int4 -> Q4_K (4.5; repacked 8x8). Shapes
 with a shared expert or non-softmax routing are not built (the harness has neither)."""
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ HERE = Path(__file__).resolve().parent
 HARNESS = HERE / "ggml_moe.c"
 
 # ggml's enum ggml_type values (ggml.h); stable across releases since they are in GGUF files
-GGML_TYPES = {"f32": ("f32", 0), "bf16": ("bf16", 30), "int8": ("q8_0", 8), "int4": ("q4_0", 2),
-              "int4k": ("q4_K", 12)}
+GGML_TYPES = {"f32": ("f32", 0), "bf16": ("bf16", 30), "int8": ("q8_0", 8), "int4g32": ("q4_0", 2),
+              "int4": ("q4_K", 12)}
 BLOCK = {"f32": 1, "bf16": 1, "q8_0": 32, "q4_0": 32, "q4_K": 256}
 
 CDEF = """

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_runs_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
     res = subprocess.run([sys.executable, "-m", "colibri_bench", "bench", "--shape", "tiny", "--dtype", "f32",
-                          "--dtype", "int8", "--dtype", "int4", "--dtype", "int4k", "--phase", "decode", "--phase", "prefill16",
+                          "--dtype", "int8", "--dtype", "int4g32", "--dtype", "int4", "--phase", "decode", "--phase", "prefill16",
                           "--phase", "prefill512", "--rounds", "2",
                           "--threads", "1", "--min-seconds", "0.05", "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -22,8 +22,8 @@ def test_bench_runs_and_writes_json(tmp_path):
     impls = {(r["case"], r["impl"]) for r in data["rows"]}
     assert ("tiny/decode/f32", "numpy") in impls and ("tiny/decode/f32", "colibri-default") in impls
     assert ("tiny/decode/int8", "colibri-default") in impls
-    assert ("tiny/decode/int4", "colibri-default") in impls
-    assert ("tiny/prefill16/int4k", "colibri-default") in impls  # int4k: the int4 part's kernels
+    assert ("tiny/decode/int4g32", "colibri-default") in impls
+    assert ("tiny/prefill16/int4", "colibri-default") in impls  # int4 and int4g32 run the int4 part's kernels
     # which kernel table each library's layer ran (tiny is no tuned shape class here)
     assert all(r["kernels"] for r in data["rows"] if r["impl"].startswith("colibri"))
     extended = set()  # (case, threads) the bench measured again: "bench: CASE at 1, 2 thread(s): ..."
@@ -46,9 +46,9 @@ def test_bench_runs_and_writes_json(tmp_path):
             assert r["vs_numpy"] > 0
         else:
             assert r["weights"] == "f32"  # the peers always run the f32 weights
-    # a byte bound per dtype: int4 streams fewer bytes than int8, int8 fewer than f32
+    # a byte bound per dtype: int4g32 streams fewer bytes than int8, int8 fewer than f32
     bound = {r["case"]: r["roof_ms_per_token"] for r in data["rows"] if r["impl"] == "colibri-default"}
-    assert bound["tiny/decode/int4"] < bound["tiny/decode/int8"] < bound["tiny/decode/f32"]
+    assert bound["tiny/decode/int4g32"] < bound["tiny/decode/int8"] < bound["tiny/decode/f32"]
     # the compute peaks the prefill roofs used, measured in the same run
     peaks = data["compute_peaks"]
     assert peaks["f32_fma"]["1"] > 0
@@ -114,11 +114,11 @@ def test_roof_is_the_larger_of_memory_and_compute():
     assert r["roof_by"] == "bf16_dot x 0.5" and r["roof_seconds"] == pytest.approx(p.flops / 0.6e12)
     mem = (p.E * p.expert_bytes + p.E * p.H * 4) / 50e9
     assert roof(p, p.E, 50.0, None, 2) == {"roof_seconds": pytest.approx(mem), "roof_by": "read bw"}
-    # f32 on the FMA; int4 on the int8 dot, the fastest unit that computes it
+    # f32 on the FMA; int4g32 on the int8 dot, the fastest unit that computes it
     assert roof(problems.problem("mixtral-8x7b/prefill512/f32"), p.E, 50.0, peaks, 2)["roof_by"] == "f32_fma"
-    assert roof(problems.problem("mixtral-8x7b/prefill512/int4"), p.E, 50.0, peaks, 2)["roof_by"] == "int8_dot"
+    assert roof(problems.problem("mixtral-8x7b/prefill512/int4g32"), p.E, 50.0, peaks, 2)["roof_by"] == "int8_dot"
     # decode: one token's k experts over the bandwidth
-    d = problems.problem("mixtral-8x7b/decode/int4")
+    d = problems.problem("mixtral-8x7b/decode/int4g32")
     assert roof(d, d.k, 50.0, peaks, 2) == {"roof_seconds": pytest.approx(d.decode_bytes / 50e9),
                                             "roof_by": "read bw"}
 

@@ -13,12 +13,12 @@ pytest.importorskip("transformers")
 def test_e2e_writes_patched_against_unpatched_figures(tmp_path):
     out = tmp_path / "e2e.json"
     res = subprocess.run([sys.executable, "-m", "colibri_bench", "e2e", "--shape", "tiny", "--layers", "2",
-                          "--variant", "moe:bf16", "--variant", "all:int4", "--rounds", "2",
+                          "--variant", "moe:bf16", "--variant", "all:int4g32", "--rounds", "2",
                           "--prompt-tokens", "12", "--new-tokens", "3", "--out", str(out)],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())
-    assert set(data["results"]) == {"moe:bf16", "all:int4"}
+    assert set(data["results"]) == {"moe:bf16", "all:int4g32"}
     for wdt, r in data["results"].items():
         assert r["modules"] == (2 if wdt == "moe:bf16" else 2 + 4 * 2 + 1)
         assert len(r["rounds"]["unpatched"]) == len(r["rounds"]["patched"]) == 2

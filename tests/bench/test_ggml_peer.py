@@ -33,7 +33,7 @@ def test_a_peer_that_times_itself_is_asked_in_every_round(monkeypatch):
 
 
 def test_a_peer_in_its_own_format_counts_its_own_bytes_against_the_dtypes_roof():
-    p = problems.problem("h256-i256-e8-k2-norm/decode/int4")
+    p = problems.problem("h256-i256-e8-k2-norm/decode/int4g32")
     p32 = problems.problem("h256-i256-e8-k2-norm/decode/f32")
     own_bytes = p.decode_bytes * 9 // 10  # a format 10% smaller than Colibri's
     ts = {"colibri-default": [1e-4] * 4, "ggml": [2e-4] * 4}
@@ -42,7 +42,7 @@ def test_a_peer_in_its_own_format_counts_its_own_bytes_against_the_dtypes_roof()
         p, p32, ts, bws, 2, {"colibri-default": 1}, reached=p.k,
         own={"ggml": {"weights": "q4_0", "decode_bytes": own_bytes}})}
     g, c = rows["ggml"], rows["colibri-default"]
-    assert g["weights"] == "q4_0" and c["weights"] == "int4"
+    assert g["weights"] == "q4_0" and c["weights"] == "int4g32"
     assert g["gbps"] == pytest.approx(own_bytes / 2e-4 / 1e9)
     assert g["pct_of_read_bw"] == pytest.approx(100 * own_bytes / 2e-4 / 1e9 / 20.0)
     # the same roof as Colibri's row of the dtype: % roof compares the two speeds directly
@@ -60,9 +60,9 @@ def test_the_harness_says_what_it_cannot_build(tmp_path):
     # a shared expert, softmax over the top-k logits, rows not whole blocks of the type
     assert "shared expert" in ggml.unsupported(problems.problem("tiny/decode/int8"), "int8")
     assert "shared expert" in ggml.unsupported(problems.problem("h256-i256-e8-k2-topk/decode/f32"), "f32")
-    assert "blocks of 256" in ggml.unsupported(problems.problem("h2048-i1408-e8-k2/decode/int4k"), "int4k")
-    assert ggml.unsupported(problems.problem("h2048-i1408-e8-k2/decode/int4"), "int4") is None
-    assert ggml.unsupported(problems.problem("qwen3-30b-a3b/decode/int4k"), "int4k") is None
+    assert "blocks of 256" in ggml.unsupported(problems.problem("h2048-i1408-e8-k2/decode/int4"), "int4")
+    assert ggml.unsupported(problems.problem("h2048-i1408-e8-k2/decode/int4g32"), "int4g32") is None
+    assert ggml.unsupported(problems.problem("qwen3-30b-a3b/decode/int4"), "int4") is None
     with pytest.raises(ggml.GgmlError, match="no ggml checkout"):
         ggml.source_dir(tmp_path)
     # a llama.cpp clone: its ggml/ folder
@@ -100,7 +100,7 @@ def test_the_harness_computes_the_layer(tmp_path, phase):
     x = rng.standard_normal((p.T, p.H), np.float32)
     ref = numpy_layer(x, w, p)
     # the layer error each ggml type gives on these weights (a wrong layout gives ~1.4)
-    bound = {"f32": 1e-5, "bf16": 0.02, "int8": 0.03, "int4": 0.3, "int4k": 0.3}
+    bound = {"f32": 1e-5, "bf16": 0.02, "int8": 0.03, "int4g32": 0.3, "int4": 0.3}
     for dtype, limit in bound.items():
         layer = ggml.GgmlLayer(so, p, w, dtype, copies=2)
         y = layer.forward(x, 2)

@@ -1,5 +1,5 @@
 """colibri_bench quant: each weight format's bits and error, bounded; the ggml reference
-formats checked by hand; int4k against issue 29's target (<= 4.5 bits per weight, error
+formats checked by hand; int4 against issue 29's target (<= 4.5 bits per weight, error
 <= q4_1's on Gaussian and Student-t(4) weights), and its C fit against the NumPy one."""
 import json
 import subprocess
@@ -20,9 +20,9 @@ def rows():
 
 
 # upper bounds of the relative error (weights, layer), Gaussian / Student-t(4); measured
-# at this size: bf16 0.0017, int8 0.008 / 0.02, int4 0.097 / 0.13
-BOUNDS = {"bf16": (0.003, 0.003), "int8": (0.012, 0.03), "int4": (0.105, 0.145),
-          "int4k": (0.08, 0.1)}  # int4k: 0.073 / 0.089
+# at this size: bf16 0.0017, int8 0.008 / 0.02, int4g32 0.097 / 0.13
+BOUNDS = {"bf16": (0.003, 0.003), "int8": (0.012, 0.03), "int4g32": (0.105, 0.145),
+          "int4": (0.08, 0.1)}  # int4: 0.073 / 0.089
 
 
 def test_colibri_dtypes_errors_and_bits(rows):
@@ -31,19 +31,19 @@ def test_colibri_dtypes_errors_and_bits(rows):
         r = rows[dt]
         assert 0 < r["weight_err_gaussian"] < g and 0 < r["layer_err_gaussian"] < g, r
         assert 0 < r["weight_err_student_t4"] < t and 0 < r["layer_err_student_t4"] < t, r
-    assert [rows[d]["bits_per_weight"] for d in ("f32", "bf16", "int4")] == [32, 16, 5.0]
+    assert [rows[d]["bits_per_weight"] for d in ("f32", "bf16", "int4g32")] == [32, 16, 5.0]
     assert rows["int8"]["bits_per_weight"] == 8 + 32 / 1024  # a float32 scale per row
 
 
 def test_references_and_int4k(rows):
-    assert [rows[f]["bits_per_weight"] for f in ("ggml-q4_0", "ggml-q4_1", "ggml-q8_0", "int4k")] == \
+    assert [rows[f]["bits_per_weight"] for f in ("ggml-q4_0", "ggml-q4_1", "ggml-q8_0", "int4")] == \
         [4.5, 5.0, 8.5, 4.5]
     for d in quanterr.DISTRIBUTIONS:
         for kind in ("weight", "layer"):
             err = {f: rows[f][f"{kind}_err_{d}"] for f in rows}
-            # q4_1's min buys accuracy over q4_0; Colibri's int4 today is worse than both
-            assert err["ggml-q8_0"] < err["ggml-q4_1"] < err["ggml-q4_0"] < err["int4"], (d, kind, err)
-            assert err["int4k"] <= err["ggml-q4_1"], (d, kind, err)
+            # q4_1's min buys accuracy over q4_0; Colibri's int4g32 today is worse than both
+            assert err["ggml-q8_0"] < err["ggml-q4_1"] < err["ggml-q4_0"] < err["int4g32"], (d, kind, err)
+            assert err["int4"] <= err["ggml-q4_1"], (d, kind, err)
 
 
 def test_q4_0_and_q4_1_by_hand():
@@ -87,7 +87,7 @@ def test_int4k_nan_rows_and_overflow(lib):
     from colibri import _lib, quant
     w = np.ones((3, 300), np.float32)
     w[1, 290] = np.nan                      # in the second super-block only
-    got = quant.roundtrip(w, "int4k")
+    got = quant.roundtrip(w, "int4")
     assert np.isnan(got[1, 256:]).all() and np.isfinite(got[1, :256]).all()
     assert np.isfinite(got[[0, 2]]).all()
     with pytest.raises(_lib.ColibriError, match="too large for f16"):
@@ -97,10 +97,10 @@ def test_int4k_nan_rows_and_overflow(lib):
 def test_cli_writes_json_and_refuses_an_unknown_format(tmp_path):
     out = tmp_path / "quant.json"
     res = subprocess.run([sys.executable, "-m", "colibri_bench", "quant", "--rows", "32", "--cols", "256",
-                          "--format", "int4", "--format", "ggml-q4_0", "--out", str(out)],
+                          "--format", "int4g32", "--format", "ggml-q4_0", "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert [r["format"] for r in json.loads(out.read_text())["rows"]] == ["int4", "ggml-q4_0"]
+    assert [r["format"] for r in json.loads(out.read_text())["rows"]] == ["int4g32", "ggml-q4_0"]
     assert "student_t4 layer" in res.stdout and "written:" in res.stdout
     bad = subprocess.run([sys.executable, "-m", "colibri_bench", "quant", "--format", "q9"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)

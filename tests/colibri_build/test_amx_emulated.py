@@ -22,7 +22,7 @@ from colibri_build import cpuinfo, profiles, render
 
 EMULATED = "sapphirerapids-amx-emulated"
 ROOT = Path(__file__).resolve().parents[2]
-DTYPES = ("f32", "bf16", "int8", "int4", "int4k")
+DTYPES = ("f32", "bf16", "int8", "int4g32", "int4")
 TOKENS = (1, 5, 16, 17, 64, 300)
 # the weight tile loads: amx.j2's A tiles (rows AM_KC bf16 apart), amx_int.j2's (rows s0 bytes
 # apart) and amx_packed.j2's B tiles (the packed block's k-pairs, 64 bytes apart)
@@ -72,7 +72,7 @@ def _failures(lib, case, dtypes=DTYPES, tokens=TOKENS):
 
 @pytest.fixture(scope="module")
 def emulated_lib(runs_here, tmp_path_factory):
-    """The profile's defaults: f32, int8 and int4 (row layouts) and bf16 (packed) take the tiles."""
+    """The profile's defaults: f32, int8 and int4g32 (row layouts) and bf16 (packed) take the tiles."""
     return build_profile(EMULATED, build_dir=tmp_path_factory.mktemp("amxemu"), quiet=True)
 
 
@@ -131,7 +131,7 @@ def test_activations_exact_in_bf16_skip_the_lo_products(emulated_lib, dtype, sha
     assert share * done["f32"] < done["bf16-exact"] < 0.95 * done["f32"], done
 
 
-@pytest.mark.parametrize("dtype", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", ["int8", "int4g32"])
 def test_int_on_tiles_gives_the_dot_product_gemms_bits(emulated_lib, other_lib, case, dtype):
     """amx_int8 / amx_int4 sum each group in int32 and scale it in igemm.j2's order: the same
     bits as the dot-product gemm."""
@@ -146,7 +146,7 @@ def test_int_on_tiles_gives_the_dot_product_gemms_bits(emulated_lib, other_lib, 
 
 def test_a_wrong_tile_stride_fails_on_the_emulated_tiles(runs_here, case, tmp_path):
     """A copy of the build tree with the weight tiles' stride 64 bytes off: it builds, and the
-    f32, bf16, int8 and int4 layers it computes on tiles are wrong."""
+    f32, bf16, int8 and int4g32 layers it computes on tiles are wrong."""
     tree = tmp_path / "tree"
     for name in ("kernels", "templates", "profiles", "colibri_build"):
         shutil.copytree(ROOT / name, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -162,7 +162,7 @@ def test_a_wrong_tile_stride_fails_on_the_emulated_tiles(runs_here, case, tmp_pa
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     lib = tmp_path / "build" / EMULATED / "libcolibri.so"
-    bad = _failures(lib, case, dtypes=("f32", "bf16", "int8", "int4"), tokens=(300,))
+    bad = _failures(lib, case, dtypes=("f32", "bf16", "int8", "int4g32"), tokens=(300,))
     assert len(bad) == 4, bad
 
 

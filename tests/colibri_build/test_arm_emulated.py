@@ -31,8 +31,8 @@ OBJDUMP = "aarch64-linux-gnu-objdump"
 # with the default knobs SMMLA (i8mm) and BFMMLA (bf16) where it has those
 ISA_INSTRUCTIONS = [(None, r"\bfmla\s+v\d+\.4s"), ("asimddp", r"\bsdot\s+v\d+\.4s"),
                     ("i8mm", r"\bsmmla\s+v\d+\.4s"), ("bf16", r"\bbfmmla\s+v\d+\.4s")]
-DTYPES = ("f32", "bf16", "int8", "int4", "int4k")
-TOLERANCE = {"f32": 1e-5, "bf16": 2e-2, "int8": 2e-2, "int4": 2e-2, "int4k": 2e-2}
+DTYPES = ("f32", "bf16", "int8", "int4g32", "int4")
+TOLERANCE = {"f32": 1e-5, "bf16": 2e-2, "int8": 2e-2, "int4g32": 2e-2, "int4": 2e-2}
 TOKENS = (1, 40)
 
 _missing = [t for t in (CROSS_CC, QEMU, OBJDUMP) if shutil.which(t) is None]

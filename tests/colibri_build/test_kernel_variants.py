@@ -175,7 +175,7 @@ def test_corner_builds_and_is_correct(tmp_path, cases, corner):
         return
     lib = build_profile(profile, config=cfg, build_dir=tmp_path / "build", quiet=True)
     for case in cases:
-        for dtype in ("f32", "bf16", "int8", "int4", "int4k"):
+        for dtype in ("f32", "bf16", "int8", "int4g32", "int4"):
             L = colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype=dtype,
                                  lib=lib, **case.layer_kwargs())
             # decode class (<= 2 tokens per expert), prefill dot kernels and the gemm path

@@ -1,6 +1,6 @@
 """colibri.hf.patch and python -m colibri generate on random-init transformers models of the
 four families (Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral, OLMoE): f32 logits and
-greedy tokens as the unpatched model's; bf16/int8/int4 within stated bounds; replaced
+greedy tokens as the unpatched model's; bf16/int8/int4/int4g32 within stated bounds; replaced
 blocks and layers freed; a checkpoint folder written here generates from the command line."""
 import gc
 import json
@@ -30,9 +30,10 @@ FAMILIES = {
 }
 # relative L2 error of the logits against the unpatched float32 model, by weight dtype:
 # f32 is the issue's 1e-4; the others are the weights' own rounding (bf16 2^-9 per weight,
-# int8 per-row scales, int4 groups of 32). Measured on these models (4 families x 2 seeds):
-# bf16 2.0-2.6e-4, int8 1.0-1.3e-3, int4 1.2-1.6e-2; the bounds are ~3-4x that
-LOGIT_RTOL = {"f32": 1e-4, "bf16": 1e-3, "int8": 5e-3, "int4": 5e-2}
+# int8 per-row scales, int4g32 groups of 32, int4 super-blocks). Measured on these models
+# (4 families x 2 seeds): bf16 2.0-2.6e-4, int8 1.0-1.3e-3, int4g32 1.2-1.6e-2 (int4 1.0e-2
+# on qwen2_moe seed 3, int4g32 1.4e-2 there); the bounds are ~3-4x that
+LOGIT_RTOL = {"f32": 1e-4, "bf16": 1e-3, "int8": 5e-3, "int4": 5e-2, "int4g32": 5e-2}
 
 
 def make_model(family, seed=0):
@@ -84,8 +85,9 @@ def test_f32_logits_and_greedy_tokens_match_the_unpatched_model(family):
 
 
 # the same with linear=True (every projection and lm_head too): measured 2.4-3.2e-3,
-# 1.1-1.5e-2 and 0.15-0.18 on these tiny models (int4 groups of 32 on rows of 64)
-LINEAR_RTOL = {"bf16": 1e-2, "int8": 5e-2, "int4": 0.4}
+# 1.1-1.5e-2 and 0.15-0.18 on these tiny models (int4g32 groups of 32 on rows of 64; int4
+# 0.12 where int4g32 gave 0.18)
+LINEAR_RTOL = {"bf16": 1e-2, "int8": 5e-2, "int4": 0.4, "int4g32": 0.4}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -103,7 +105,7 @@ def test_linear_true_f32_is_exact_too(family):
         assert torch.equal(patched.generate(ids, **kw), model.generate(ids, **kw))
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("dtype", ["bf16", "int8", "int4", "int4g32"])
 def test_linear_true_quantized_stays_within_its_bounds(dtype):
     model = make_model("qwen3_moe", seed=3)
     patched = copy_of(model)
@@ -114,7 +116,7 @@ def test_linear_true_quantized_stays_within_its_bounds(dtype):
     assert 0 < err <= LINEAR_RTOL[dtype], (dtype, err)
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("dtype", ["bf16", "int8", "int4", "int4g32"])
 def test_quantized_experts_stay_within_their_bounds(dtype):
     model = make_model("qwen2_moe", seed=3)
     patched = copy_of(model)

@@ -1,13 +1,13 @@
 """The fused MoE layer against the float64 NumPy reference.
 
 Tolerance: f32 weights within 1e-4 relative (see moe_data.assert_close). bf16 and
-int8 (and int4, int4k) weights are compared, at the same 1e-4, with the reference computed from the
+int8 (and int4g32, int4) weights are compared, at the same 1e-4, with the reference computed from the
 dequantized weights the engine holds: the kernels add no error of their own beyond
-float32 accumulation. The int8 and int4 kernels quantize the activations before each
+float32 accumulation. The int8 and int4g32 kernels quantize the activations before each
 matrix to int8 per group of 32; the reference does the same
 (colibri.quant.quantize_activations). The intermediate h is computed in float32 by
 the engine and float64 by the reference, so where an h value sits on a rounding
-boundary of its int8 step the two can round it apart: the int8/int4 cases with many
+boundary of its int8 step the two can round it apart: the int8/int4g32 cases with many
 tokens are compared as colibri.reference.compare states (a few outputs next to a
 flipped step may be off by up to 5e-2, the whole output within 1e-3 L2). The error
 the formats themselves add is bounded in test_quant.py.
@@ -18,7 +18,7 @@ import pytest
 import colibri
 from moe_data import REFERENCE_SHAPES, assert_engine, make_case
 
-DTYPES = ["f32", "bf16", "int8", "int4", "int4k"]
+DTYPES = ["f32", "bf16", "int8", "int4g32", "int4"]
 
 
 # awkward shapes: H not a multiple of any vector width, E=60, k=1, k=E, T=1 and T=513
@@ -101,7 +101,7 @@ def reference_case(request):
     return make_case(**shape)
 
 
-@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != "int4k"])
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != "int4"])
 def test_reference_shapes(lib, reference_case, dtype):
     """Real model shapes (weights of every expert resident), decode and a short prefill."""
     L = layer(reference_case, dtype)
@@ -111,14 +111,14 @@ def test_reference_shapes(lib, reference_case, dtype):
 
 
 def test_reference_shape_int4k(lib):
-    """int4k on one real shape, DeepSeek-V2-Lite's: its 1408-wide down rows end in a
+    """int4 on one real shape, DeepSeek-V2-Lite's: its 1408-wide down rows end in a
     half super-block (the other shapes' rows are whole ones; quantizing every shape's
     experts would add minutes to the suite)."""
     case = make_case(**dict(REFERENCE_SHAPES["deepseek-v2-lite"]))
-    L = layer(case, "int4k")
+    L = layer(case, "int4")
     for T in (1, 9):
         x = case.inputs(T, seed=T)
-        assert_engine(L(x), case.reference(x, "int4k"), "int4k")
+        assert_engine(L(x), case.reference(x, "int4"), "int4")
 
 
 def test_layer_reports_its_arena(lib):

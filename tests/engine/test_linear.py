@@ -6,8 +6,8 @@ import pytest
 import colibri
 from colibri import quant
 
-# float weights: float32 accumulation; int8/int4/int4k: the activations are quantized too
-RTOL = {"f32": 1e-5, "bf16": 1e-5, "int8": 2e-2, "int4": 3e-2, "int4k": 3e-2}
+# float weights: float32 accumulation; int8/int4g32/int4: the activations are quantized too
+RTOL = {"f32": 1e-5, "bf16": 1e-5, "int8": 2e-2, "int4g32": 3e-2, "int4": 3e-2}
 
 
 @pytest.mark.parametrize("dtype", quant.DTYPES)
@@ -28,7 +28,7 @@ def test_matches_numpy_on_ragged_shapes_and_every_path(dtype, rows, cols):
             assert lin(x, out=out) is out and np.array_equal(out, y)
 
 
-@pytest.mark.parametrize("dtype", ["int4", "int4k"])
+@pytest.mark.parametrize("dtype", ["int4g32", "int4"])
 def test_from_encoded_is_the_same_as_from_floats(dtype):
     rng = np.random.default_rng(1)
     W = rng.standard_normal((20, 70), dtype=np.float32)
@@ -41,9 +41,9 @@ def test_from_encoded_is_the_same_as_from_floats(dtype):
 
 def test_int4k_takes_no_scales():
     W = np.ones((4, 64), np.float32)
-    st, _ = quant.encode(W, "int4k")
+    st, _ = quant.encode(W, "int4")
     with pytest.raises(TypeError, match="no scales"):
-        colibri.Linear.from_encoded(st, np.ones(4, np.float32), 64, weight_dtype="int4k")
+        colibri.Linear.from_encoded(st, np.ones(4, np.float32), 64, weight_dtype="int4")
 
 
 def test_bad_input_is_refused_with_a_message():

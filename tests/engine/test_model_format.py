@@ -692,11 +692,11 @@ def test_python_m_dump_schema_without_the_tool(base, tmp_path, lib):
 
 # ------------------------------------------------------------------ round trips
 
-@pytest.mark.parametrize("dtype", ["int4", "int4k"])
+@pytest.mark.parametrize("dtype", ["int4g32", "int4"])
 def test_int4_file_matches_the_int4_layer(tmp_path, lib, dtype):
-    """An int4 (int4k) model file holds exactly the bytes MoELayer(weight_dtype=dtype)
+    """An int4g32 (int4) model file holds exactly the bytes MoELayer(weight_dtype=dtype)
     computes with: the file's weights dequantize to quant.roundtrip, and one layer loaded
-    from the file gives bitwise the layer's output plus the residual. int4k's 300-wide rows
+    from the file gives bitwise the layer's output plus the residual. int4's 300-wide rows
     end in a partial super-block."""
     (c,) = stack_cases(1, H=300, I=40, E=6, k=2, seed=12, S=S, gated=True)
     d = layer_dict(c)
@@ -713,28 +713,28 @@ def test_int4_file_matches_the_int4_layer(tmp_path, lib, dtype):
 
 
 def test_a_file_written_in_format_v1_gives_its_old_outputs(lib):
-    """tests/fixtures/model_v1/: an int4 seed file as the v1 writer wrote it (commit
+    """tests/fixtures/model_v1/: an int4g32 seed file as the v1 writer wrote it (commit
     143d4c3, fuzz/make_seeds.py's shared_gated_int4), loaded by this engine: the same
-    output as an int4 layer of the same weights, bitwise."""
+    output as an int4g32 layer of the same weights, bitwise."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fuzz"))
     import make_seeds
 
     p = Path(__file__).resolve().parents[1] / "fixtures" / "model_v1" / "shared_gated_int4.colibri"
     assert read_header(p)["version"] == 1
     d = make_seeds.layer(2, shared=True, gated=True)
-    layer = colibri.MoELayer(weight_dtype="int4", **d)
+    layer = colibri.MoELayer(weight_dtype="int4g32", **d)
     x = np.random.default_rng(3).standard_normal((6, make_seeds.H)).astype(np.float32)
     with Model.load(p) as m:
         np.testing.assert_array_equal(m(x), x + layer(x))
 
 
 def test_format_v1_int4_still_loads_and_v1_has_no_int4k(tmp_path, lib):
-    """A v1 file (the format before int4k: the same bytes, version 1) loads and computes
-    as before; int4k (weight dtype 4) is refused in a v1 header."""
+    """A v1 file (the format before int4: the same bytes, version 1) loads and computes
+    as before; int4 (weight dtype 4) is refused in a v1 header."""
     (c,) = stack_cases(1, H=72, I=40, E=6, k=2, seed=13)
     d = layer_dict(c)
     x = c.inputs(5)
-    for dtype in ("int4", "int4k"):
+    for dtype in ("int4g32", "int4"):
         p = tmp_path / f"{dtype}.colibri"
         save_model(p, [d], weight_dtype=dtype)
         assert read_header(p)["version"] == 2
@@ -743,7 +743,7 @@ def test_format_v1_int4_still_loads_and_v1_has_no_int4k(tmp_path, lib):
         buf = bytearray(p.read_bytes())
         patch_header(buf, "version", 1)
         p.write_bytes(bytes(buf))
-        if dtype == "int4":
+        if dtype == "int4g32":
             with Model.load(p) as m:
                 np.testing.assert_array_equal(m(x), want)
         else:
@@ -751,7 +751,7 @@ def test_format_v1_int4_still_loads_and_v1_has_no_int4k(tmp_path, lib):
                 Model.load(p)
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16", "int8", "int4k"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "int8", "int4"])
 @pytest.mark.parametrize("variant", ["gated-shared", "plain"])
 def test_round_trip(tmp_path, lib, dtype, variant):
     kw = dict(S=S, gated=True) if variant == "gated-shared" else {}

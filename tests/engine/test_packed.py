@@ -1,4 +1,4 @@
-"""Packed int8, int4, f32 and bf16 weights (layout_<dtype>=interleaved,
+"""Packed int8, int4g32, f32 and bf16 weights (layout_<dtype>=interleaved,
 templates/expert_ffn/packed.j2 and packed_float.j2): a library built with the layouts packs
 a layer's experts at create and a model file's at load, and computes what the
 stored-layout library computes, within the dtype's tolerance, at every token count
@@ -58,7 +58,7 @@ def packed_lib(tmp_path_factory):
     return build_profile(name, config=cfg, build_dir=d / "build", quiet=True), prof
 
 
-DTYPES = pytest.mark.parametrize("dtype", ["int8", "int4", "f32", "bf16"])
+DTYPES = pytest.mark.parametrize("dtype", ["int8", "int4g32", "f32", "bf16"])
 
 
 def _lib(packed_lib, dtype):
@@ -112,7 +112,7 @@ def test_a_dense_matrix_packs_and_computes_right(packed_lib, dtype):
     # colibri.Linear packs in the default table's layout too: rows off the 16-row blocks,
     # thread splits inside a block, every token path, against NumPy on the weights as held
     # (tolerances: tests/engine/test_linear.py's, the activations are quantized too)
-    rtol = {"int8": 2e-2, "int4": 3e-2, "f32": 1e-5, "bf16": 1e-4}[dtype]
+    rtol = {"int8": 2e-2, "int4g32": 3e-2, "f32": 1e-5, "bf16": 1e-4}[dtype]
     rng = np.random.default_rng(5)
     # (256 columns: whole 32-k tiles, which packed bf16 on AMX tiles needs)
     for rows, cols in ((37, 67), (300, 130), (200, 256)):
@@ -183,12 +183,12 @@ int main(void) {
 """
 
 
-@pytest.mark.parametrize("dtype", ["int8", "int4", "int4k"])
+@pytest.mark.parametrize("dtype", ["int8", "int4g32", "int4"])
 def test_decode_prefetch_reaches_the_next_calls_blocks(packed_lib, tmp_path, dtype):
     # A decode call reads two blocks side by side; each block's prefetch runs PF bytes ahead.
     # Past its block's end it must go on into the block the next call reads in the same
     # place, not into the call's other block: without that, the next call's second block
-    # started cold (measured: int4k Qwen3 decode 1.13x faster with it, on a Sapphire
+    # started cold (measured: int4 Qwen3 decode 1.13x faster with it, on a Sapphire
     # Rapids-class guest).
     lib, prof = packed_lib
     _lib(packed_lib, "int8" if dtype == "int8" else "int4")
@@ -203,8 +203,8 @@ def test_decode_prefetch_reaches_the_next_calls_blocks(packed_lib, tmp_path, dty
     others = [str(Path(entry["directory"]) / c["output"]) for c in cmds
               if c is not entry and c["output"].endswith(".os")]
     mode = {"int8": ("pk8_dec_v2_t1", "pk_prep_rows", "(size_t)ng * PK_GS"),
-            "int4": ("pk4_dec_v2_t1", "pk_prep_rows", "(size_t)ng * PK_GS"),
-            "int4k": ("k4pk_dec_v2_t1", "k4_prep_rows", "k4pk_block_bytes(COLS)")}[dtype]
+            "int4g32": ("pk4_dec_v2_t1", "pk_prep_rows", "(size_t)ng * PK_GS"),
+            "int4": ("k4pk_dec_v2_t1", "k4_prep_rows", "k4pk_block_bytes(COLS)")}[dtype]
     src = tmp_path / "h.c"
     src.write_text(PREFETCH_HARNESS)
     exe = tmp_path / "h"

@@ -2,11 +2,11 @@
 
 bf16: round to nearest even keeps 8 significant bits, so |w - bf16(w)| <= 2^-8 |w|.
 int8: per row, scale = max|row| / 127 and |w - q * scale| <= scale / 2.
-int4: per group of 32 along a row, scale = max|group| / 7 and |w - q * scale| <= scale / 2;
-the int8 and int4 kernels also quantize activations per group of 32 to int8:
+int4g32: per group of 32 along a row, scale = max|group| / 7 and |w - q * scale| <= scale / 2;
+the int8 and int4g32 kernels also quantize activations per group of 32 to int8:
 |x - x'| <= max|group| / 254.
 End to end (a whole layer, random weights), the output's relative L2 error against
-the f32-weight reference stays below 4 * 2^-8 (bf16), 4 / 127 (int8) and 4 / 14 (int4:
+the f32-weight reference stays below 4 * 2^-8 (bf16), 4 / 127 (int8) and 4 / 14 (int4g32:
 measured 0.13-0.18 on random Gaussian weights, whose groups use the 15 levels
 worst; the activation rounding adds about 0.01): each of the three matrices
 contributes at most its element bound, which random signs mostly cancel.
@@ -59,7 +59,7 @@ def test_int4_rounding_bound_and_layout():
     qq = np.rint(a / np.where(s > 0, s, 1).repeat(32, axis=1)[:, :77])
     assert np.array_equal(nib.reshape(40, 96)[:, :77].astype(int) - 8, qq.astype(int))
     assert np.all(nib.reshape(40, 96)[:, 77:] == 8)
-    assert quant.stored_bytes("int4", 40, 77) == q.nbytes + s.nbytes
+    assert quant.stored_bytes("int4g32", 40, 77) == q.nbytes + s.nbytes
 
 
 @pytest.mark.parametrize("fn", [quant.quantize_int8, quant.quantize_int4])
@@ -88,7 +88,7 @@ def test_activation_quantization_bound():
 
 
 @pytest.mark.parametrize("dtype, bound", [("bf16", 4 * 2.0 ** -8), ("int8", 4 / 127),
-                                          ("int4", 4 / 14)])
+                                          ("int4g32", 4 / 14)])
 def test_layer_error_against_f32_weights(lib, dtype, bound):
     case = make_case(H=512, I=256, E=8, k=2)
     x = case.inputs(16)

@@ -22,10 +22,10 @@ def test_quantized_formats_allow_a_flipped_step_but_not_a_wrong_kernel():
     flipped = ref.copy()
     flipped[2] += 3e-3 * np.random.default_rng(1).standard_normal(400)  # one token's row moved
     assert reference.compare(flipped, ref, "int8")[0]
-    assert reference.compare(flipped, ref, "int4")[0]
+    assert reference.compare(flipped, ref, "int4g32")[0]
     assert not reference.compare(flipped, ref, "f32")[0]
     everywhere = ref * (1 + 3e-4)  # a small error on every element: wrong arithmetic
-    ok, _, msg = reference.compare(everywhere, ref, "int4")
+    ok, _, msg = reference.compare(everywhere, ref, "int4g32")
     assert not ok and "median" in msg
     one_far = ref.copy()
     one_far[5, 5] += 0.2 * (abs(ref[5, 5]) + np.mean(np.abs(ref[5])))

@@ -78,13 +78,13 @@ def test_resident_copies_cover_the_llc_several_times():
     from tuner.measure.problems import problem
 
     llc = 300 << 20
-    for name in ("qwen3-30b-a3b/decode/int4", "qwen3-30b-a3b/decode/bf16",
-                 "olmoe-1b-7b/decode/int4", "mixtral-8x7b/decode/f32"):
+    for name in ("qwen3-30b-a3b/decode/int4g32", "qwen3-30b-a3b/decode/bf16",
+                 "olmoe-1b-7b/decode/int4g32", "mixtral-8x7b/decode/f32"):
         p = problem(name)
         n = resident_copies(p.layer_bytes, llc)
         assert n * p.layer_bytes >= LLC_FACTOR * llc          # enough copies
         assert n == 1 or (n - 1) * p.layer_bytes < LLC_FACTOR * llc   # and no more
-    assert resident_copies(problem("qwen3-30b-a3b/decode/int4").layer_bytes, llc) == 4
+    assert resident_copies(problem("qwen3-30b-a3b/decode/int4g32").layer_bytes, llc) == 4
     assert resident_copies(problem("mixtral-8x7b/decode/f32").layer_bytes, llc) == 1
     assert resident_copies(1000, llc) == MAX_COPIES     # a toy layer: capped
     assert resident_copies(1000, None) == 1             # cache size unknown

@@ -159,7 +159,7 @@ GATE_CELLS = [_cell(f"{s}/{ph}/{d}", th, 1.0 + 0.001 * i)
               for i, (s, ph, d, th) in enumerate(
                   (s, ph, d, th) for s in ("qwen3-30b-a3b", "olmoe-1b-7b")
                   for ph in ("decode", "prefill128", "prefill512")
-                  for d in ("f32", "bf16", "int8", "int4") for th in (1, 2))]
+                  for d in ("f32", "bf16", "int8", "int4g32") for th in (1, 2))]
 SLOWEST = "olmoe-1b-7b/prefill128/int8"
 
 

@@ -49,7 +49,7 @@ def test_neoverse_n1_artifact_says_emulated_not_timed_and_passes_its_isa_check(t
     assert "Verified under qemu-user, not timed." in md and "not timed" in page
     # every kernel check passed, and the ISA check required SDOT and found it
     assert manifest["verify"] and all(r["ok"] for r in manifest["verify"])
-    assert {r["dtype"] for r in manifest["verify"]} >= {"f32", "bf16", "int8", "int4"}
+    assert {r["dtype"] for r in manifest["verify"]} >= {"f32", "bf16", "int8", "int4g32"}
     isa = manifest["isa_check"]
     assert isa["ok"] is True and "sdot" in isa["promised"]["require"] and isa["found"]["sdot"] > 0
     # config.h: the profile's defaults, generated; the library an aarch64 ELF

@@ -45,7 +45,7 @@ def test_a_knobs_file_may_not_list_isas_itself(tmp_path):
 def test_the_default_problems_cover_every_class_domain():
     default = [problems.problem(n) for n in run.default_problems(SPEC)]
     for cls in SPEC.classes():
-        have = {(problems.path_of(p), p.dtype) for p in default if run.in_class(SPEC, p, cls)}
+        have = {(problems.path_of(p), p.part) for p in default if run.in_class(SPEC, p, cls)}
         assert have == set(SPEC.class_domain(cls).cells()), cls
 
 
@@ -114,9 +114,9 @@ def test_quick_values_must_be_values_of_the_knob(tmp_path):
 
 def test_a_packed_int_dtype_runs_the_prefill_kernels_up_to_its_own_gemm_threshold():
     # qwen3 prefill512 gives 32 tokens per expert: the gemm paths in the row layouts (from
-    # gemm_min_tokens, 16), the prefill class's weight-as-vector kernels where int4 is packed
+    # gemm_min_tokens, 16), the prefill class's weight-as-vector kernels where int4g32 is packed
     # (up to pk_gemm_min_tokens, 128), so its prefill knobs are measured and gated there
-    p = problems.problem("qwen3-30b-a3b/prefill512/int4")
+    p = problems.problem("qwen3-30b-a3b/prefill512/int4g32")
     packed = {"layout_int4": "interleaved", "pk_gemm_min_tokens_int4": 128, "gemm_min_tokens_int4": 16}
     assert problems.path_of(p) == "gemm"
     assert problems.path_of(p, {**packed, "layout_int4": "rows"}) == "gemm"
@@ -125,8 +125,8 @@ def test_a_packed_int_dtype_runs_the_prefill_kernels_up_to_its_own_gemm_threshol
     assert run.in_class(SPEC, p, "prefill_int4", packed)
     assert not run.in_class(SPEC, p, "prefill_int4", {**packed, "layout_int4": "rows"})
     assert not run.in_class(SPEC, p, "igemm", packed)
-    # int4k has no gemm: every prefill runs its packed kernels
-    assert problems.path_of(problems.problem("qwen3-30b-a3b/prefill512/int4k")) == "prefill"
+    # int4 has no gemm: every prefill runs its packed kernels
+    assert problems.path_of(problems.problem("qwen3-30b-a3b/prefill512/int4")) == "prefill"
 
 
 def test_packed_bf16_runs_its_prefill_kernels_at_every_token_count():

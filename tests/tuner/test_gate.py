@@ -117,7 +117,7 @@ def test_the_gate_covers_each_path_of_a_shape_with_few_experts(tmp_path, fake):
 
 
 def test_a_packed_int4_prefill_knob_is_gated_where_its_kernels_run(tmp_path, fake):
-    # packed int4 runs the prefill class's kernels up to pk_gemm_min_tokens (128): qwen3's
+    # packed int4g32 runs the prefill class's kernels up to pk_gemm_min_tokens (128): qwen3's
     # prefill512 (32 tokens per expert) is on that path, and the gate times it; in the row
     # layout it is on the gemm path and prefill_prefetch_int4 does not reach it
     t = _tuner(tmp_path)
@@ -128,7 +128,7 @@ def test_a_packed_int4_prefill_knob_is_gated_where_its_kernels_run(tmp_path, fak
         gate.run_gate(t, cand, {QWEN3: ["qwen3-30b-a3b"]})
         (_, timed), = fake.measured
         assert {n.split("/")[1] for n in timed} == want, layout
-        assert {n.split("/")[2] for n in timed} == {"int4"}
+        assert {n.split("/")[2] for n in timed} == {"int4g32"}
 
 
 def test_a_candidate_that_fails_a_cell_is_not_shipped(tmp_path, fake, monkeypatch):
@@ -138,7 +138,7 @@ def test_a_candidate_that_fails_a_cell_is_not_shipped(tmp_path, fake, monkeypatc
     def measure(t_, libs, probs, threads):
         bad = fake.cand != DEFAULT
         return [{"problem": p.name, "threads": th, "status": "wrong", "reason": "max relative error"}
-                if bad and p.dtype == "int4" else _cell(p.name, th, [1.0] * 5)
+                if bad and p.dtype == "int4g32" else _cell(p.name, th, [1.0] * 5)
                 for p in probs for th in threads]
     monkeypatch.setattr(gate, "_measure", measure)
     rec = gate.run_gate(t, cand, {TINY: ["tiny"]})
@@ -171,7 +171,7 @@ def test_validation_matrix_covers_every_dtype_and_phase():
     names = gate.matrix(["qwen3-30b-a3b"])
     assert len(names) == 3 * 4
     assert {n.split("/")[1] for n in names} == {"decode", "prefill128", "prefill512"}
-    assert {n.split("/")[2] for n in names} == {"f32", "bf16", "int8", "int4"}
+    assert {n.split("/")[2] for n in names} == {"f32", "bf16", "int8", "int4g32"}
     # Mixtral's 8 experts: its prefill dot kernels run at prefill32
     assert "prefill32" in {n.split("/")[1] for n in gate.matrix(["mixtral-8x7b"])}
     assert all(problems.problem(n) for n in names)

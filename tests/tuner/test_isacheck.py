@@ -62,7 +62,7 @@ def test_amx_build_requires_and_has_tile_products(built):
     if "-march=sapphirerapids" not in profiles.resolve("sapphirerapids").cflags:
         pytest.skip("this compiler has no -march=sapphirerapids: the build has no AMX")
     assert r.ok is True, r.message
-    # int4's tiles (tdpbusd) only where the profile keeps amx_int4 on (it sets 0: the VNNI
+    # int4g32's tiles (tdpbusd) only where the profile keeps amx_int4 on (it sets 0: the VNNI
     # gemm was faster, docs/amx.md); then nothing is promised for them
     int4_tiles = profiles.get_profile("sapphirerapids").knobs.get("amx_int4", 1)
     want = {"tdpbf16ps", "tdpbssd"} | ({"tdpbusd"} if int4_tiles else set())
@@ -97,7 +97,7 @@ AMX_DISASM = """
     (["-mamx-tile", "-mamx-int8", "-mavx512vnni"], {"amx_int8": 1}, "tdpbssd", "tdpbssd instructions"),
     (["-mamx-tile", "-mamx-int8", "-mavx512vnni"], {"amx_int8": 0}, "tdpbssd", None),
     (["-mavx512vnni", "-DCB_AMX_EMULATED=1"], {"amx_int8": 1}, "call", "cb_emu_dpbssd instructions"),
-    # int4 on tiles: tdpbusd where its knob is on (the sapphirerapids profile keeps it off)
+    # int4g32 on tiles: tdpbusd where its knob is on (the sapphirerapids profile keeps it off)
     (["-mamx-tile", "-mamx-int8", "-mavx512vnni"], {"amx_int4": 1}, "tdpbusd", "tdpbusd instructions"),
     (["-mamx-tile", "-mamx-int8", "-mavx512vnni"], {"amx_int4": 0}, "tdpbusd", None),
 ])

@@ -62,7 +62,7 @@ def test_roof_takes_the_fastest_unit_that_computes_the_dtype():
              "amx_bf16": {"2": 1200.0}}
     assert peak.roof_gops(peaks, "f32", 2) == (500.0, "f32_fma")       # 1200 / 3 < 500
     assert peak.roof_gops(peaks, "bf16", 2) == (600.0, "amx_bf16 x 0.5")  # activations split in two
-    assert peak.roof_gops(peaks, "int4", 2) == (1050.0, "int8_dot")
+    assert peak.roof_gops(peaks, "int4g32", 2) == (1050.0, "int8_dot")
     assert peak.roof_gops({**peaks, "amx_bf16": {"2": 3000.0}}, "f32", 2) == (1000.0, "amx_bf16 x 0.333")
     assert peak.roof_gops({"f32_fma": {"2": 500.0}, "bf16_dot": {"2": 1000.0}}, "bf16", 2) == (500.0, "f32_fma")
     assert peak.roof_gops(peaks, "f32", 1) is None                      # not measured there

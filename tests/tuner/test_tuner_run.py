@@ -493,7 +493,7 @@ def test_worker_memory_cap_holds_the_reference_weights_and_every_layer_copy():
     from tuner.measure.worker import memory_cap
 
     llc = 300 << 20
-    for name in ("qwen3-30b-a3b/decode/int8", "qwen3-30b-a3b/decode/int4",
+    for name in ("qwen3-30b-a3b/decode/int8", "qwen3-30b-a3b/decode/int4g32",
                  "mixtral-8x7b/decode/f32"):
         p = problem(name)
         for libs in (1, 3):

@@ -35,7 +35,7 @@ def test_a_wrong_output_fails_the_kernel_check(tmp_path):
     fake = tmp_path / "fake_infer"
     fake.write_text(f"#!{sys.executable}\nimport shutil, sys\nshutil.copyfile(sys.argv[2], sys.argv[4])\n")
     fake.chmod(0o755)
-    rows = verify.kernel_check(fake, [], tmp_path, dtypes=("f32", "int4"), cases=verify.CASES[:1])
+    rows = verify.kernel_check(fake, [], tmp_path, dtypes=("f32", "int4g32"), cases=verify.CASES[:1])
     assert len(rows) == 2 * len(verify.CASES[0].tokens)
     assert not any(r.ok for r in rows)
     assert all("relative error" in r.message for r in rows)

@@ -31,7 +31,7 @@ import numpy as np
 from colibri import _cli
 from colibri_build import cpuinfo, paths, profiles
 
-DTYPES = ("f32", "bf16", "int8", "int4", "int4k")
+DTYPES = ("f32", "bf16", "int8", "int4g32", "int4")
 QEMU = {"aarch64": ("qemu-aarch64", "qemu-user", Path("/usr/aarch64-linux-gnu"), "libc6-dev-arm64-cross")}
 MARGIN = 1e-3  # the routing margin of the inputs, as the tests draw them
 PROGRAM = paths.KERNELS_DIR / "tools" / "infer_model.c"

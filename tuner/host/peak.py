@@ -9,13 +9,13 @@ in the profile's flags, AMX tiles not granted) has no figure, and `reasons` says
 roof_gops(peaks, dtype, threads) is the compute roof a layer of that weight dtype is held
 to: the fastest unit that can do its products within the dtype's tolerance
 (colibri.reference.compare: 1e-4 relative for f32 and bf16 weights, whose activations stay
-f32; int8 and int4 round activations to int8 by contract), where
+f32; int8 and the int4 formats round activations to int8 by contract), where
 
   f32   the f32 FMA, or a bf16 unit at a third of its rate (the hi/lo split's three
         products, w_hi x_hi + w_hi x_lo + w_lo x_hi: templates/expert_ffn/amx.j2)
   bf16  the f32 FMA (weights widened), or a bf16 unit at half its rate (the weights are
         exact, the activations split: w x_hi + w x_lo)
-  int8, int4  the int8 dot, AMX int8, or the f32 FMA
+  int8, int4(g32)  the int8 dot, AMX int8, or the f32 FMA
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ ROOF_UNITS = {
     "bf16": (("f32_fma", 1.0), ("amx_bf16", 1 / 2), ("bf16_dot", 1 / 2)),
     "int8": (("int8_dot", 1.0), ("amx_int8", 1.0), ("f32_fma", 1.0)),
 }
-ROOF_UNITS["int4"] = ROOF_UNITS["int4k"] = ROOF_UNITS["int8"]
+ROOF_UNITS["int4g32"] = ROOF_UNITS["int4"] = ROOF_UNITS["int8"]
 
 
 # how kernels/peak.c begins the error of a unit this build or host cannot run

@@ -75,6 +75,13 @@ class Problem:
     def name(self) -> str:
         return f"{self.shape}/{self.phase}/{self.dtype}"
 
+    @property
+    def part(self) -> str:
+        """The kernel part that serves this dtype (colibri_build.parts.part_of): a knob
+        domain's dtypes are parts."""
+        from colibri_build.parts import part_of
+        return part_of(self.dtype)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -143,8 +150,11 @@ def gemm_from_tokens(dtype: str, knobs=None, amx: bool = False) -> float:
     """Tokens per expert from which `dtype` runs the gemm paths under `knobs` (the flat
     knob values of one shape class; None: the template's default row layouts), on a build
     whose flags give AMX tiles (`amx`) or not."""
-    if dtype == "int4k":  # packed wherever there is an int dot, and no gemm of its own
+    if dtype == "int4":  # packed wherever there is an int dot, and no gemm of its own
         return float("inf")
+    from colibri_build.parts import part_of
+
+    dtype = part_of(dtype)  # int4g32 runs on the int4 part's knobs
     knobs = knobs or {}
     if knobs.get(f"layout_{dtype}") == "interleaved":
         # packed bf16 on AMX tiles, which read its blocks in place (amx_packed.j2), from the
@@ -175,5 +185,8 @@ def path_phase(shape: str, path: str) -> str:
 
 
 def covering(shape: str, cells) -> tuple[str, ...]:
-    """Problem names of `shape` that cover (path, dtype) cells, in the cells' order."""
-    return tuple(dict.fromkeys(f"{shape}/{path_phase(shape, path)}/{dtype}" for path, dtype in cells))
+    """Problem names of `shape` that cover (path, part) cells, in the cells' order: each
+    part in the weight dtype the tuner times it on (colibri_build.parts.timed_dtype)."""
+    from colibri_build.parts import timed_dtype
+    return tuple(dict.fromkeys(f"{shape}/{path_phase(shape, path)}/{timed_dtype(part)}"
+                               for path, part in cells))

@@ -97,7 +97,7 @@ def ensure_model(root: str | os.PathLike, p: Problem, seed: int = 0, copies: int
     from colibri.modelfile import ModelWriter
 
     path = model_path(root, p, seed, copies)
-    if path.exists():
+    if path.exists() and _holds(path, p.dtype):
         return path
     ensure_f32(root, p, seed, progress)
     if progress:
@@ -111,6 +111,19 @@ def ensure_model(root: str | os.PathLike, p: Problem, seed: int = 0, copies: int
         for _ in range(copies):
             mw.add_layer(layer)
     return path
+
+
+def _holds(path: Path, dtype: str) -> bool:
+    """Whether the model file at path is whole and in weight dtype `dtype` (a file written
+    before `int4` named the 4.5-bit format holds the older one, now `int4g32`)."""
+    from colibri import quant
+    from colibri.modelfile import read_header
+
+    try:
+        h = read_header(path)
+    except (OSError, ValueError):
+        return False
+    return h["header_crc_ok"] and h["weight_dtype"] == quant.DTYPE_CODES[dtype]
 
 
 def load(root: str | os.PathLike, p: Problem, seed: int = 0) -> dict[str, np.ndarray]:
