@@ -13,6 +13,11 @@ A figure is the median over rounds of each round's median, and a ratio the media
 over rounds of the per-round ratios, so a minute-to-minute swing of this machine's
 bandwidth moves both sides of a ratio together.
 
+Every row carries `major_faults`: the pages its group had to read from disk during its
+rounds (the process's major page faults). Above FAULT_WARN_PAGES the bench says so: the
+page cache did not hold that model file, and its rows read partly from disk (a peer that
+holds its own copy of the weights, as ggml does, makes that likelier on a small machine).
+
 Decode (T=1) takes a fresh token per call (the router picks other experts; all
 experts' weights are resident). Where one layer's weights are less than 4x the
 last-level cache (int4, int8, bf16 on the smaller shapes), Colibri cycles through
@@ -52,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import sys
 import time
 import warnings
@@ -442,6 +448,16 @@ def measure_group(name, libs, build, peers, xs, threads_list, rounds, min_second
     return per, bws
 
 
+FAULT_WARN_PAGES = 1024  # a group that read more than this from disk says so
+
+
+def major_faults() -> int:
+    """This process's major page faults so far: pages it had to read from disk, such as
+    those of a mapped model file the page cache evicted (a peer's own copy of the weights
+    in anonymous memory makes that likelier on a small machine)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+
+
 GGML_MAX_ERR = 0.5  # a ggml layer further than this from the f32 reference computes something else
 
 
@@ -541,13 +557,20 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                     # measure this machine's noise (0.92-1.05 on a 2-vCPU VM)
                     timed = libs if time_same or not same else {"colibri-default": libs["colibri-default"]}
                     pks = {th: [] for th in threads_list}
+                    faults = major_faults()
                     per, bws = measure_group(p.name, timed, build, dtype_peers, xs, threads_list, rounds,
                                              min_seconds, bw_fn, say,
                                              peak_fn(p.dtype) if p.T > 1 else None, pks)
+                    faults = major_faults() - faults
+                    if faults > FAULT_WARN_PAGES:
+                        say(f"bench: {p.name}: {faults} pages came from disk during the rounds (major "
+                            "faults): the page cache did not hold the weights, and those rows read "
+                            "them partly from disk")
                     for threads in threads_list:
                         for r in group_rows(p, p32, per[threads], bws[threads], threads,
                                             {name: copies for name in libs}, reached, peaks,
                                             pks[threads], own):
+                            r["major_faults"] = faults  # the group's, every implementation's rounds
                             if r["impl"] in code:
                                 r["kernels"] = code[r["impl"]]["kernels"]
                                 r["part"] = code[r["impl"]]["part"]

@@ -229,3 +229,17 @@ def test_a_decode_rows_share_of_bandwidth_pairs_each_round_with_its_own_reading(
     row, = bench.group_rows(p, problems.problem("tiny/decode/f32"), {"colibri-default": ts}, bws[:3], 1,
                             {"colibri-default": 1}, reached=p.k)
     assert row["pct_of_read_bw"] == pytest.approx(100 * nbytes / bench._median(ts) / 1e9 / 30.0)
+
+
+def test_a_group_that_read_its_weights_from_disk_says_so(tmp_path, monkeypatch):
+    # injected: 5000 major faults between the start and the end of each group's rounds
+    from colibri_bench import bench
+
+    count = iter(range(0, 10 ** 6, 5000))
+    monkeypatch.setattr(bench, "major_faults", lambda: next(count))
+    said = []
+    out = bench.run_bench(["tiny"], ["int8"], ["decode"], [1], 0.02, rounds=1, peers=(),
+                          say=said.append)
+    rows = [r for r in out["rows"] if r["impl"] == "colibri-default"]
+    assert rows and all(r["major_faults"] == 5000 for r in rows)
+    assert any("5000 pages came from disk during the rounds" in m for m in said), said
