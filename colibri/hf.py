@@ -235,12 +235,17 @@ def _module_class():
             if hidden_states.device.type != "cpu":
                 raise ValueError(f"{self.original} patched by Colibri runs on the CPU; got a tensor "
                                  f"on {hidden_states.device}")
+            if not shape or shape[-1] != self.layer.hidden:
+                raise ValueError(f"{self.original} patched by Colibri takes [..., {self.layer.hidden}] "
+                                 f"hidden states; got {tuple(shape)}")
             x = hidden_states.detach().reshape(-1, shape[-1])
             if x.dtype != torch.float32 or not x.is_contiguous():
                 x = x.to(torch.float32).contiguous()
             out = torch.empty_like(x)
-            self.layer(x.numpy(), out=out.numpy())
-            return out.to(dtype).reshape(shape)
+            # by address: the checks of MoELayer.__call__ are the ones above (its own cost
+            # 3x the engine's on a small layer; issue 31's per-call budget is 30 us)
+            self.layer._forward_ptrs(x.data_ptr(), out.data_ptr(), x.shape[0])
+            return (out if dtype == torch.float32 else out.to(dtype)).view(shape)
 
         def extra_repr(self):
             L = self.layer
@@ -260,14 +265,17 @@ def _module_class():
             shape, dtype = x.shape, x.dtype
             if x.device.type != "cpu":
                 raise ValueError(f"{self.original} patched by Colibri runs on the CPU; got a tensor on {x.device}")
+            if not shape or shape[-1] != self.lin.cols:
+                raise ValueError(f"{self.original} patched by Colibri takes [..., {self.lin.cols}] "
+                                 f"inputs; got {tuple(shape)}")
             xf = x.detach().reshape(-1, shape[-1])
             if xf.dtype != torch.float32 or not xf.is_contiguous():
                 xf = xf.to(torch.float32).contiguous()
             out = torch.empty(xf.shape[0], self.lin.rows, dtype=torch.float32)
-            self.lin(xf.numpy(), out=out.numpy())
+            self.lin._forward_ptrs(xf.data_ptr(), out.data_ptr(), xf.shape[0])  # checked above
             if self.bias is not None:
                 out += self.bias
-            return out.to(dtype).reshape(*shape[:-1], self.lin.rows)
+            return (out if dtype == torch.float32 else out.to(dtype)).view(*shape[:-1], self.lin.rows)
 
         def extra_repr(self):
             return (f"in_features={self.lin.cols}, out_features={self.lin.rows}, "

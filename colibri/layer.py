@@ -247,6 +247,20 @@ class MoELayer:
                 "colibri_layer_forward")
         return out
 
+    def _forward_ptrs(self, x_addr: int, out_addr: int, T: int) -> None:
+        """moe(x) into out for T tokens, x and out given by address: float32 [T, hidden],
+        C-contiguous, not overlapping. For a caller that holds tensors it has checked, such
+        as colibri.hf's module (torch's data_ptr()): none of __call__'s checks, which cost
+        more than the engine on a small layer."""
+        if not 0 <= T <= _INT_MAX:
+            raise ValueError(f"T = {T} tokens is outside what the engine takes (0..{_INT_MAX})")
+        with self._lock:
+            ptr = self._live()
+            if T:
+                check(self._lib, self._lib.colibri_layer_forward(
+                    ptr, ffi.cast("float *", x_addr), ffi.cast("float *", out_addr), T, self.threads),
+                    "colibri_layer_forward")
+
     # ---- lifetime: the engine's copy of the weights goes at close() (or garbage collection)
     def close(self) -> None:
         with self._lock:

@@ -99,6 +99,18 @@ class Linear:
                 T, self.threads), "colibri_dense_forward")
         return out
 
+    def _forward_ptrs(self, x_addr: int, out_addr: int, T: int) -> None:
+        """W x into out for T tokens, by address: x float32 [T, cols], out float32 [T, rows],
+        C-contiguous, not overlapping; none of __call__'s checks (MoELayer._forward_ptrs)."""
+        if not 0 <= T <= _INT_MAX:
+            raise ValueError(f"T = {T} tokens is outside what the engine takes (0..{_INT_MAX})")
+        with self._lock:
+            ptr = self._live()
+            if T:
+                check(self._lib, self._lib.colibri_dense_forward(
+                    ptr, ffi.cast("float *", x_addr), ffi.cast("float *", out_addr), T, self.threads),
+                    "colibri_dense_forward")
+
     def close(self) -> None:
         with self._lock:
             ptr, self._ptr = self._ptr, None

@@ -1,7 +1,7 @@
 """python -m colibri_bench: bench (the MoE layer beside its peers), ab (two builds of the
 engine, interleaved), soak (memory over a long run), e2e (whole transformers models,
-patched against unpatched), quant (the weight formats' error) and profile (where the time
-goes).
+patched against unpatched), quant (the weight formats' error), profile (where the time
+goes) and overhead (the Python wrappers' cost per call).
 `python -m colibri_bench COMMAND --help` documents each; exit status as in
 `python -m tuner` (0 ok, 1 failed, 2 usage)."""
 from __future__ import annotations
@@ -22,7 +22,9 @@ COMMANDS = {"bench": "the MoE layer side by side with NumPy and PyTorch, tuned a
             "quant": "each weight format's bits per weight and error (weights and a layer's "
                      "output), with ggml's q4_0/q4_1/q8_0 as references",
             "profile": "where one case's time goes, by object, function and loop, from samples "
-                       "libcolibri takes itself (for hosts without perf)"}
+                       "libcolibri takes itself (for hosts without perf)",
+            "overhead": "what the Python wrappers (the hf module, MoELayer, Linear) cost per call "
+                        "over the engine, on a tiny layer"}
 MODULES = {"quant": "quanterr"}  # a command whose module has another name
 
 

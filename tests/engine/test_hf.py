@@ -281,3 +281,30 @@ def test_generate_errors_are_clear(tmp_path, checkpoint):
     assert res.returncode == 1 and "architecture" in res.stderr and "Traceback" not in res.stderr
     res = _generate("--model", str(checkpoint), "--prompt", "w1", "--max-new-tokens", "0")
     assert res.returncode == 2
+
+
+def test_the_patched_modules_refuse_a_wrong_width_and_match_the_checked_call():
+    # the modules call the engine by address (MoELayer/Linear._forward_ptrs): their own
+    # checks must stand in for __call__'s, and their output must be __call__'s
+    model = make_model("qwen3_moe", seed=5)
+    hf.patch(model, weight_dtype="f32", linear=True)
+    blocks = [m for m in model.modules() if isinstance(m, hf.colibri_block_class())]
+    lins = [m for m in model.modules() if isinstance(m, hf.colibri_linear_class())]
+    assert blocks and lins
+    blk, lin = blocks[0], lins[0]
+    x = torch.randn(2, 3, blk.layer.hidden)
+    with torch.no_grad():
+        assert torch.equal(blk(x), torch.from_numpy(blk.layer(x.reshape(-1, x.shape[-1]).numpy())).view(x.shape))
+        xb = x.to(torch.bfloat16)  # converted to f32 for the engine, back to bf16 after
+        assert blk(xb).dtype == torch.bfloat16 and blk(xb[:, :0]).shape == (2, 0, blk.layer.hidden)
+        xl = torch.randn(5, lin.lin.cols)
+        want = torch.from_numpy(lin.lin(xl.numpy()))
+        if lin.bias is not None:
+            want += lin.bias
+        assert torch.equal(lin(xl), want)
+        with pytest.raises(ValueError, match=f"takes \\[..., {blk.layer.hidden}\\]"):
+            blk(torch.randn(2, blk.layer.hidden + 1))
+        with pytest.raises(ValueError, match=f"takes \\[..., {lin.lin.cols}\\]"):
+            lin(torch.randn(2, lin.lin.cols - 1))
+        with pytest.raises(ValueError, match="tokens is outside"):
+            blk.layer._forward_ptrs(x.data_ptr(), x.data_ptr(), -1)
