@@ -403,6 +403,7 @@ def group_rows(p, p_peer, per, bws, threads, copies, reached=None, peaks=None, p
             "gflops": p.flops / t / 1e9,
             "layer_copies": None if peer_row else copies[name],
             "vs_numpy": ratio("numpy"), "vs_torch": ratio("torch"), "vs_ggml": ratio("ggml"),
+            "vs": {other: ratio(other) for other in per if other != name},
             "tuned_vs_default": ratio("colibri-default") if name == "colibri-tuned" else None})
     return rows
 
@@ -494,9 +495,26 @@ def ggml_peer(so, p32, w32, dtype, copies, x, ref, threads, info, say):
     return layer
 
 
+class Beside:
+    """The default library on the same shape and phase in another weight dtype, as a peer of a
+    group: timed in the same rounds (colibri_bench_layers, as the group's own layers), so a
+    ratio between two dtypes does not take in this machine's swings from one group to the
+    next (two dtypes timed in groups of their own moved their ratio by +-3% between runs).
+    Their layers still sit in arenas of their own, and where an arena lands moves its speed
+    (identical code in two arenas timed up to 1.09x apart; int4 beside int4g32 measured
+    1.155-1.175, int4g32 beside int4 1.006-1.046 on Qwen3 decode, 2026-12-05): run both
+    orders and take both into account."""
+
+    def __init__(self, path, lib_path):
+        self.layers = Mapped(path, lib_path)
+
+    def seconds(self, xs, threads, min_seconds):
+        return time_colibri(self.layers, xs, threads, min_seconds)
+
+
 def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=0,
               build_dir=None, peers=("numpy", "torch"), say=print, time_same=False,
-              ggml=None) -> dict:
+              ggml=None, beside=None) -> dict:
     build_dir = Path(build_dir or build_dir_default())
     profile = hostid.host_profile_name()
     libs = _libs(build_dir, profile, say)
@@ -550,6 +568,13 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                     if gl:
                         dtype_peers = dict(peer_fns, ggml=gl)
                         own = {"ggml": {"weights": gl.type_name, "decode_bytes": gl.decode_bytes}}
+                    if beside and beside != dtype:
+                        pb = problems_mod.problem(f"{shape}/{phase}/{beside}")
+                        pb_path = weights.ensure_model(wdir, pb, seed, resident_copies(pb.layer_bytes, llc),
+                                                       progress=say)
+                        name_b = f"colibri-{beside}"
+                        dtype_peers = dict(dtype_peers, **{name_b: Beside(pb_path, libs["colibri-default"])})
+                        own = dict(own, **{name_b: {"weights": beside, "decode_bytes": pb.decode_bytes}})
                     build = lambda name, path=path: Mapped(path, libs[name])  # noqa: E731
                     code = kernel_code(libs, path, dtype)
                     same = len(libs) > 1 and same_code(code)
@@ -581,6 +606,12 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                                 r["tuned_same_code"] = {"kernels": code["colibri-tuned"]["kernels"],
                                                         "part": code["colibri-tuned"]["part"]}
                                 say(_fmt_same(r))
+                    if beside and beside != dtype:
+                        for threads in threads_list:
+                            r = next(r for r in rows if r["case"] == p.name and r["threads"] == threads
+                                     and r["impl"] == "colibri-default")
+                            say(f"bench: {p.name} at {threads} thread(s): {beside} time / {dtype} time "
+                                f"{r['vs'][f'colibri-{beside}']:.3f} (the same rounds)")
                     del gl, dtype_peers  # ggml's copy of the weights goes before the next dtype's
             p = problems_mod.problem(f"{shape}/prefill{ROUTE_T}/f32")
             t_route = time_route(lib, p, ROUTE_T, min_seconds)
@@ -711,6 +742,10 @@ def main(argv=None) -> int:
                     help="timing per implementation per round (default 0.3)")
     ap.add_argument("--no-numpy", action="store_true", help="skip the NumPy peer")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
+    ap.add_argument("--beside", metavar="DTYPE", choices=list(quant.DTYPES),
+                    help="also time the default library in this weight dtype in every other dtype's "
+                         "rounds (a row colibri-DTYPE, and each row's \"vs\" ratios): two formats "
+                         "compared in the same rounds, e.g. --dtype int4 --beside int4g32")
     ap.add_argument("--ggml", metavar="DIR",
                     help="also time ggml (llama.cpp's CPU backend) from this checkout of "
                          "github.com/ggml-org/ggml or llama.cpp: built natively with its CPU repack "
@@ -744,7 +779,7 @@ def main(argv=None) -> int:
                         args.phase or list(PHASES), args.threads or sorted({1, os.cpu_count() or 1}),
                         args.min_seconds, rounds=args.rounds, peers=peers,
                         say=lambda m: print(m, flush=True), time_same=args.time_same_code,
-                        ggml=args.ggml)
+                        ggml=args.ggml, beside=args.beside)
     except (RuntimeError, MemoryError) as e:
         print(f"bench: {e}", file=sys.stderr)
         return 1

@@ -243,3 +243,17 @@ def test_a_group_that_read_its_weights_from_disk_says_so(tmp_path, monkeypatch):
     rows = [r for r in out["rows"] if r["impl"] == "colibri-default"]
     assert rows and all(r["major_faults"] == 5000 for r in rows)
     assert any("5000 pages came from disk during the rounds" in m for m in said), said
+
+
+def test_another_dtype_beside_a_group_is_timed_in_its_rounds(tmp_path):
+    from colibri_bench import bench
+
+    said = []
+    out = bench.run_bench(["tiny"], ["int4"], ["decode"], [1], 0.02, rounds=2, peers=(),
+                          say=said.append, beside="int4g32")
+    rows = {r["impl"]: r for r in out["rows"]}
+    b, c = rows["colibri-int4g32"], rows["colibri-default"]
+    assert b["weights"] == "int4g32" and c["weights"] == "int4" and len(b["round_seconds"]) == 2
+    assert c["vs"]["colibri-int4g32"] == pytest.approx(
+        bench._median([x / y for x, y in zip(b["round_seconds"], c["round_seconds"])]))
+    assert any("int4g32 time / int4 time" in m and "(the same rounds)" in m for m in said), said
