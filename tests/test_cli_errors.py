@@ -44,6 +44,8 @@ CASES = [
     ("colibri_bench", ["e2e", "--layers", "0"], ">= 1"),
     ("colibri_bench", ["quant", "--rows", "0"], ">= 1"),
     ("colibri_bench", ["profile", "--seconds", "0"], "> 0"),
+    ("colibri_bench", ["overhead", "--calls", "0"], ">= 1"),
+    ("colibri_bench", ["bench", "--beside", "int5"], "invalid choice"),
 ]
 
 
