@@ -30,9 +30,10 @@ With linear=True every torch.nn.Linear left (attention projections, dense MLPs, 
 goes on a colibri.Linear in the same weight dtype (ColibriLinear; a bias stays torch's),
 checked the same way.
 
-Activations: a float32 block input is passed to the engine without a copy; bf16 (or
-float16) input is converted to float32 once per call and the output converted back, so a
-bf16 model gets bf16 in and out. Token rows are independent: batch > 1 and padded
+Activations: a float32 or bf16 input is passed to the engine without a copy (bf16 rows
+through colibri_layer_forward_bf16 / colibri_dense_forward_bf16, which compute in f32 and
+round the output once; a Linear with a bias takes the f32 path); float16 input is converted
+to float32 once per call and the output converted back. Token rows are independent: batch > 1 and padded
 positions go through as the original block takes them (the block sees no mask). Only
 inference: the patched blocks have no parameters and no gradient.
 """
@@ -239,13 +240,15 @@ def _module_class():
                 raise ValueError(f"{self.original} patched by Colibri takes [..., {self.layer.hidden}] "
                                  f"hidden states; got {tuple(shape)}")
             x = hidden_states.detach().reshape(-1, shape[-1])
-            if x.dtype != torch.float32 or not x.is_contiguous():
-                x = x.to(torch.float32).contiguous()
+            bf16 = dtype == torch.bfloat16  # the engine takes bf16 rows as they are
+            if not bf16 and x.dtype != torch.float32:
+                x = x.to(torch.float32)
+            x = x.contiguous()
             out = torch.empty_like(x)
             # by address: the checks of MoELayer.__call__ are the ones above (its own cost
             # 3x the engine's on a small layer; issue 31's per-call budget is 30 us)
-            self.layer._forward_ptrs(x.data_ptr(), out.data_ptr(), x.shape[0])
-            return (out if dtype == torch.float32 else out.to(dtype)).view(shape)
+            self.layer._forward_ptrs(x.data_ptr(), out.data_ptr(), x.shape[0], bf16=bf16)
+            return (out if out.dtype == dtype else out.to(dtype)).view(shape)
 
         def extra_repr(self):
             L = self.layer
@@ -269,13 +272,17 @@ def _module_class():
                 raise ValueError(f"{self.original} patched by Colibri takes [..., {self.lin.cols}] "
                                  f"inputs; got {tuple(shape)}")
             xf = x.detach().reshape(-1, shape[-1])
-            if xf.dtype != torch.float32 or not xf.is_contiguous():
-                xf = xf.to(torch.float32).contiguous()
-            out = torch.empty(xf.shape[0], self.lin.rows, dtype=torch.float32)
-            self.lin._forward_ptrs(xf.data_ptr(), out.data_ptr(), xf.shape[0])  # checked above
+            # bf16 rows go to the engine as they are; with a bias, through f32, so that the
+            # sum is rounded once
+            bf16 = dtype == torch.bfloat16 and self.bias is None
+            if not bf16 and xf.dtype != torch.float32:
+                xf = xf.to(torch.float32)
+            xf = xf.contiguous()
+            out = torch.empty(xf.shape[0], self.lin.rows, dtype=xf.dtype)
+            self.lin._forward_ptrs(xf.data_ptr(), out.data_ptr(), xf.shape[0], bf16=bf16)  # checked above
             if self.bias is not None:
                 out += self.bias
-            return (out if dtype == torch.float32 else out.to(dtype)).view(*shape[:-1], self.lin.rows)
+            return (out if out.dtype == dtype else out.to(dtype)).view(*shape[:-1], self.lin.rows)
 
         def extra_repr(self):
             return (f"in_features={self.lin.cols}, out_features={self.lin.rows}, "

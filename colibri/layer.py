@@ -247,16 +247,21 @@ class MoELayer:
                 "colibri_layer_forward")
         return out
 
-    def _forward_ptrs(self, x_addr: int, out_addr: int, T: int) -> None:
+    def _forward_ptrs(self, x_addr: int, out_addr: int, T: int, bf16: bool = False) -> None:
         """moe(x) into out for T tokens, x and out given by address: float32 [T, hidden],
-        C-contiguous, not overlapping. For a caller that holds tensors it has checked, such
-        as colibri.hf's module (torch's data_ptr()): none of __call__'s checks, which cost
-        more than the engine on a small layer."""
+        C-contiguous, not overlapping; with bf16=True bf16 rows (uint16 bits) in and out,
+        which may be the same buffer (colibri_layer_forward_bf16). For a caller that holds
+        tensors it has checked, such as colibri.hf's module (torch's data_ptr()): none of
+        __call__'s checks, which cost more than the engine on a small layer."""
         if not 0 <= T <= _INT_MAX:
             raise ValueError(f"T = {T} tokens is outside what the engine takes (0..{_INT_MAX})")
         with self._lock:
             ptr = self._live()
-            if T:
+            if T and bf16:
+                check(self._lib, self._lib.colibri_layer_forward_bf16(
+                    ptr, ffi.cast("uint16_t *", x_addr), ffi.cast("uint16_t *", out_addr), T, self.threads),
+                    "colibri_layer_forward_bf16")
+            elif T:
                 check(self._lib, self._lib.colibri_layer_forward(
                     ptr, ffi.cast("float *", x_addr), ffi.cast("float *", out_addr), T, self.threads),
                     "colibri_layer_forward")

@@ -99,14 +99,19 @@ class Linear:
                 T, self.threads), "colibri_dense_forward")
         return out
 
-    def _forward_ptrs(self, x_addr: int, out_addr: int, T: int) -> None:
+    def _forward_ptrs(self, x_addr: int, out_addr: int, T: int, bf16: bool = False) -> None:
         """W x into out for T tokens, by address: x float32 [T, cols], out float32 [T, rows],
-        C-contiguous, not overlapping; none of __call__'s checks (MoELayer._forward_ptrs)."""
+        C-contiguous, not overlapping; with bf16=True bf16 rows (uint16 bits) in and out
+        (colibri_dense_forward_bf16). None of __call__'s checks (MoELayer._forward_ptrs)."""
         if not 0 <= T <= _INT_MAX:
             raise ValueError(f"T = {T} tokens is outside what the engine takes (0..{_INT_MAX})")
         with self._lock:
             ptr = self._live()
-            if T:
+            if T and bf16:
+                check(self._lib, self._lib.colibri_dense_forward_bf16(
+                    ptr, ffi.cast("uint16_t *", x_addr), ffi.cast("uint16_t *", out_addr), T, self.threads),
+                    "colibri_dense_forward_bf16")
+            elif T:
                 check(self._lib, self._lib.colibri_dense_forward(
                     ptr, ffi.cast("float *", x_addr), ffi.cast("float *", out_addr), T, self.threads),
                     "colibri_dense_forward")

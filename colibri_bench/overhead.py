@@ -1,13 +1,15 @@
 """python -m colibri_bench overhead: what the Python wrappers cost per call, on a layer so
 small that the engine's own work is a few microseconds.
 
-Three ways into one tiny MoE layer and one tiny Linear, timed in interleaved rounds (each
+Ways into one tiny MoE layer and one tiny Linear, timed in interleaved rounds (each
 round times every way for --calls calls, one call at a time, after a warm-up):
-- `hf`: the torch module colibri.hf.patch puts in a model (torch tensors in and out);
+- `hf`: the torch module colibri.hf.patch puts in a model (float32 tensors in and out);
+- `hf-bf16`: the same module on bf16 tensors (a bf16 model's);
 - `python`: MoELayer / Linear called on NumPy arrays with `out=` (every argument checked);
-- `engine`: the C entry point alone through cffi, its buffers made once.
-The wrapper's cost is the hf median minus the engine median, the median over rounds of the
-per-round difference (issue 31: at most 30 us a call). Prints a table and writes
+- `engine`, `engine-bf16`: the C entry point alone through cffi (f32, and its bf16-activation
+  form), its buffers made once.
+The wrapper's cost is the hf median minus the engine median (hf-bf16 over engine-bf16), the
+median over rounds of the per-round difference (issue 31: at most 30 us a call). Prints a table and writes
 reports/<host-id>/overhead.json. Needs torch for the hf rows (skipped without it)."""
 from __future__ import annotations
 
@@ -53,12 +55,18 @@ def ways(E, H, I, k, T, seed=0, lib=None) -> dict:
     x, out, lout = f(T, H), np.empty((T, H), np.float32), np.empty((T, H), np.float32)
     px, po = ffi.from_buffer("float[]", x), ffi.from_buffer("float[]", out, require_writable=True)
     plo = ffi.from_buffer("float[]", lout, require_writable=True)
+    xb, ob = np.zeros((T, H), np.uint16), np.empty((T, H), np.uint16)
+    pxb = ffi.from_buffer("uint16_t[]", xb)
+    pob = ffi.from_buffer("uint16_t[]", ob, require_writable=True)
+    xb[:] = x.view(np.uint32) >> 16
     lp, ll = layer._live(), layer._lib
     dp, dl = lin._live(), lin._lib
     out_ways = {("moe", "python"): lambda: layer(x, out=out),
                 ("moe", "engine"): lambda: ll.colibri_layer_forward(lp, px, po, T, 1),
                 ("linear", "python"): lambda: lin(x, out=lout),
-                ("linear", "engine"): lambda: dl.colibri_dense_forward(dp, px, plo, T, 1)}
+                ("linear", "engine"): lambda: dl.colibri_dense_forward(dp, px, plo, T, 1),
+                ("moe", "engine-bf16"): lambda: ll.colibri_layer_forward_bf16(lp, pxb, pob, T, 1),
+                ("linear", "engine-bf16"): lambda: dl.colibri_dense_forward_bf16(dp, pxb, pob, T, 1)}
     try:
         import torch
 
@@ -68,14 +76,16 @@ def ways(E, H, I, k, T, seed=0, lib=None) -> dict:
     blk = hf.colibri_block_class()(layer, "tiny MoE block")
     tlin = hf.colibri_linear_class()(lin, None, "tiny Linear")
     xt = torch.from_numpy(x.copy()).reshape(1, T, H)
+    xtb = xt.to(torch.bfloat16)
 
-    def no_grad(mod):
+    def no_grad(mod, arg):
         def call():
             with torch.no_grad():
-                mod(xt)
+                mod(arg)
         return call
-    out_ways[("moe", "hf")] = no_grad(blk)
-    out_ways[("linear", "hf")] = no_grad(tlin)
+    for kind, mod in (("moe", blk), ("linear", tlin)):
+        out_ways[(kind, "hf")] = no_grad(mod, xt)
+        out_ways[(kind, "hf-bf16")] = no_grad(mod, xtb)
     return out_ways
 
 
@@ -91,10 +101,11 @@ def measure(rounds: int, calls: int, lib=None, say=print) -> dict:
         rows.append({"kind": kind, "way": way, "seconds": _median(ts), "round_seconds": ts})
     overhead = {}
     for kind in ("moe", "linear"):
-        if (kind, "hf") in per:
-            d = [a - b for a, b in zip(per[(kind, "hf")], per[(kind, "engine")])]
-            overhead[kind] = {"us": 1e6 * _median(d), "round_us": [1e6 * v for v in d],
-                              "within_budget": 1e6 * _median(d) <= BUDGET_US}
+        for suffix in ("", "-bf16"):
+            if (kind, "hf" + suffix) in per:
+                d = [a - b for a, b in zip(per[(kind, "hf" + suffix)], per[(kind, "engine" + suffix)])]
+                overhead[kind + suffix] = {"us": 1e6 * _median(d), "round_us": [1e6 * v for v in d],
+                                           "within_budget": 1e6 * _median(d) <= BUDGET_US}
     return {"rows": rows, "wrapper_overhead": overhead, "budget_us": BUDGET_US, "rounds": rounds,
             "calls": calls, "shape": TINY}
 
@@ -115,9 +126,9 @@ def main(argv=None) -> int:
     except (RuntimeError, ValueError, OSError) as e:
         print(f"overhead: {e}", file=sys.stderr)
         return 1
-    print(f"{'kind':7} {'way':7} {'us/call':>8}")
+    print(f"{'kind':7} {'way':11} {'us/call':>8}")
     for r in res["rows"]:
-        print(f"{r['kind']:7} {r['way']:7} {r['seconds'] * 1e6:8.1f}")
+        print(f"{r['kind']:7} {r['way']:11} {r['seconds'] * 1e6:8.1f}")
     for kind, o in res["wrapper_overhead"].items():
         print(f"{kind}: the hf module costs {o['us']:.1f} us a call over the engine "
               f"({'within' if o['within_budget'] else 'over'} the {BUDGET_US:.0f} us budget)")

@@ -177,6 +177,12 @@ colibri_layer *colibri_layer_create(const colibri_layer_desc *desc);
  * same as without it. */
 int colibri_layer_forward(colibri_layer *layer, const float *x, float *y,
                           int n_tokens, int n_threads);
+/* The same for bf16 activations (a bf16 model's hidden states, as uint16 bits): x and y
+ * [T, H] bf16; the engine computes in f32 from x's exact f32 values and rounds y to nearest
+ * even, so y is colibri_layer_forward's output rounded to bf16. x and y may be the same
+ * buffer. */
+int colibri_layer_forward_bf16(colibri_layer *layer, const uint16_t *x, uint16_t *y,
+                               int n_tokens, int n_threads);
 /* Arena facts: page kind (colibri_page_kind) and bytes of weights held. */
 int colibri_layer_page_kind(const colibri_layer *layer);
 size_t colibri_layer_weight_bytes(const colibri_layer *layer);
@@ -201,6 +207,9 @@ colibri_dense *colibri_dense_create(int rows, int cols, int weight_dtype, const 
  * (Inf and NaN propagate as the products give them: no per-token masking as in the layer.) */
 int colibri_dense_forward(colibri_dense *dense, const float *x, float *y, int n_tokens,
                           int n_threads);
+/* The same for bf16 activations, x [T, cols] and y [T, rows] (colibri_layer_forward_bf16). */
+int colibri_dense_forward_bf16(colibri_dense *dense, const uint16_t *x, uint16_t *y, int n_tokens,
+                               int n_threads);
 size_t colibri_dense_weight_bytes(const colibri_dense *dense);
 void colibri_dense_free(colibri_dense *dense);
 

@@ -110,3 +110,13 @@ int colibri_dense_forward(colibri_dense *d, const float *x, float *y, int T, int
     free(scratch);
     return COLIBRI_OK;
 }
+
+static int dense_f32(void *obj, const float *x, float *y, int T, int nt) {
+    return colibri_dense_forward((colibri_dense *)obj, x, y, T, nt);
+}
+
+int colibri_dense_forward_bf16(colibri_dense *d, const uint16_t *x, uint16_t *y, int T, int n_threads) {
+    cb_clear_error();
+    if (!d) return cb_fail(COLIBRI_ERR_INVALID, "dense matrix is NULL");
+    return cb_forward_bf16("colibri_dense_forward_bf16", d, dense_f32, d->m.cols, d->m.rows, x, y, T, n_threads);
+}

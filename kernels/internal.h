@@ -118,6 +118,13 @@ int cb_check_threads(const char *who, int n_threads);
  * (the last share takes the rest) (layer.c). */
 void cb_split_range(int n, int nt, int tid, int align, int *lo, int *hi);
 
+/* The bf16-activation form of an f32 forward fn(obj, x, y, T, n_threads) of `in` inputs and
+ * `out` outputs per token: converts x into f32 rows in its own scratch, runs fn, rounds y
+ * back to bf16 (bf16io.c). Errors name `who`. */
+typedef int (*cb_f32_forward_fn)(void *obj, const float *x, float *y, int n_tokens, int n_threads);
+int cb_forward_bf16(const char *who, void *obj, cb_f32_forward_fn fn, int in, int out, const uint16_t *x,
+                    uint16_t *y, int n_tokens, int n_threads);
+
 /* Validates a route config against n_experts; sets the error on failure. */
 int cb_route_config_check(const colibri_route_config *cfg, int n_experts);
 

@@ -518,3 +518,13 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     free(scratch);
     return COLIBRI_OK;
 }
+
+static int layer_f32(void *obj, const float *x, float *y, int T, int nt) {
+    return colibri_layer_forward((colibri_layer *)obj, x, y, T, nt);
+}
+
+int colibri_layer_forward_bf16(colibri_layer *L, const uint16_t *x, uint16_t *y, int T, int n_threads) {
+    cb_clear_error();
+    if (!L) return cb_fail(COLIBRI_ERR_INVALID, "layer is NULL");
+    return cb_forward_bf16("colibri_layer_forward_bf16", L, layer_f32, L->hidden, L->hidden, x, y, T, n_threads);
+}

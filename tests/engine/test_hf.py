@@ -295,13 +295,18 @@ def test_the_patched_modules_refuse_a_wrong_width_and_match_the_checked_call():
     x = torch.randn(2, 3, blk.layer.hidden)
     with torch.no_grad():
         assert torch.equal(blk(x), torch.from_numpy(blk.layer(x.reshape(-1, x.shape[-1]).numpy())).view(x.shape))
-        xb = x.to(torch.bfloat16)  # converted to f32 for the engine, back to bf16 after
-        assert blk(xb).dtype == torch.bfloat16 and blk(xb[:, :0]).shape == (2, 0, blk.layer.hidden)
+        # bf16 rows go in as they are (colibri_layer_forward_bf16): the f32 output, rounded
+        xb = x.to(torch.bfloat16)
+        assert torch.equal(blk(xb), blk(xb.float()).to(torch.bfloat16))
+        assert blk(xb[:, :0]).shape == (2, 0, blk.layer.hidden)
+        assert torch.equal(blk(xb.transpose(0, 1)), blk(xb.float().transpose(0, 1)).to(torch.bfloat16))
         xl = torch.randn(5, lin.lin.cols)
         want = torch.from_numpy(lin.lin(xl.numpy()))
         if lin.bias is not None:
             want += lin.bias
         assert torch.equal(lin(xl), want)
+        xlb = xl.to(torch.bfloat16)
+        assert torch.equal(lin(xlb), lin(xlb.float()).to(torch.bfloat16))
         with pytest.raises(ValueError, match=f"takes \\[..., {blk.layer.hidden}\\]"):
             blk(torch.randn(2, blk.layer.hidden + 1))
         with pytest.raises(ValueError, match=f"takes \\[..., {lin.lin.cols}\\]"):
