@@ -385,6 +385,34 @@ class ModelWriter:
         self._check_config(len(self._slots), cfg)
         self._add_checked(layer, arr, cfg)
 
+    def repeat_layer(self, i: int = 0) -> None:
+        """Append a copy of layer i, as add_layer(the same dict) would, without encoding its
+        tensors again: with share=False each tensor's stored bytes are copied from the file
+        (a stack of copies of one quantized layer is then written at disk speed), with
+        share=True the copy names the same tensors."""
+        self._live()
+        if not 0 <= i < len(self._slots):
+            raise ValueError(f"repeat_layer({i}): the writer holds {len(self._slots)} layer(s)")
+        if len(self._slots) >= MAX_LAYERS:
+            raise ValueError(f"a model holds at most {MAX_LAYERS} layers")
+        if self._expect and len(self._slots) >= self._expect[0]:
+            raise ValueError(f"ModelWriter expected {self._expect[0]} layers; this is one more")
+        slots = self._slots[i].copy()
+        if not self._share:
+            for j, t in enumerate(self._slots[i]):
+                if t == ABSENT:
+                    continue
+                kind, dtype, rows, cols, off, nbytes, crc = self._tensors[t]
+                self._blob.seek(self._base + off)
+                data = self._blob.read(nbytes)
+                new = _align(self._blob_end, self._alignment)
+                self._blob.seek(self._base + new)
+                self._blob.write(data)
+                self._blob_end = new + nbytes
+                slots[j] = len(self._tensors)
+                self._tensors.append((kind, dtype, rows, cols, new, nbytes, crc))
+        self._slots.append(slots)
+
     def _live(self) -> None:
         if self._blob is None:
             raise ValueError(f"ModelWriter for {self.path} is closed")

@@ -95,3 +95,25 @@ def test_closed_writer_refuses_layers(tmp_path):
     assert w.close() is info  # idempotent
     with pytest.raises(ValueError, match="is closed"):
         w.add_layer(layers(1)[0])
+
+
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("expect", [None, (3, E)])
+def test_repeat_layer_is_adding_the_same_layer_again(tmp_path, share, expect):
+    # the tuner writes copies of one quantized layer this way: same file, encoded once
+    d = layers(1, S=16, gated=True)[0]
+    with ModelWriter(tmp_path / "a.colibri", weight_dtype="int4g32", share=share, expect=expect) as w:
+        for _ in range(3):
+            w.add_layer(d)
+    with ModelWriter(tmp_path / "b.colibri", weight_dtype="int4g32", share=share, expect=expect) as w:
+        w.add_layer(d)
+        w.repeat_layer(0)
+        w.repeat_layer(1)
+        assert w.n_layers == 3
+        with pytest.raises(ValueError, match="holds 3 layer"):
+            w.repeat_layer(3)
+        if expect:
+            with pytest.raises(ValueError, match="expected 3 layers"):
+                w.repeat_layer(0)
+    assert (tmp_path / "a.colibri").read_bytes() == (tmp_path / "b.colibri").read_bytes()
+    assert leftovers(tmp_path) == []

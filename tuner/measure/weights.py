@@ -108,8 +108,9 @@ def ensure_model(root: str | os.PathLike, p: Problem, seed: int = 0, copies: int
                  scoring=p.scoring, norm_topk_prob=p.norm)
     layer.update({n: w[n] for n in SHARED if n in w})
     with ModelWriter(path, weight_dtype=p.dtype, share=False, expect=(copies, p.E)) as mw:
-        for _ in range(copies):
-            mw.add_layer(layer)
+        mw.add_layer(layer)
+        for _ in range(copies - 1):
+            mw.repeat_layer(0)  # the same bytes again, not encoded again
     return path
 
 
