@@ -14,7 +14,9 @@ model (same seed) is patched, and the two run interleaved, `--rounds` rounds eac
 slow phases of a shared machine fall on both; the table gives medians and [min, max] of
 the patched/unpatched ratios. A second table splits a decode step by part (the MoE blocks,
 the attention projections, lm_head, and the rest), so a speed-up can be read against where
-the time goes. The JSON goes to reports/<host-id>/e2e.json beside bench.json.
+the time goes; a third gives each part's decode GB/s (the weight bytes a token reads there
+over its time) and its % of the read bandwidth measured between rounds (issue 31's 85%).
+The JSON goes to reports/<host-id>/e2e.json beside bench.json.
 """
 from __future__ import annotations
 
@@ -126,6 +128,51 @@ class PartClock:
             h.remove()
 
 
+def decode_bytes(model, n_experts: int, top_k: int) -> dict[str, int]:
+    """Weight bytes one decode token reads in each of PARTS: a MoE block its router, its
+    shared expert and top_k of its n_experts routed experts (in its weight dtype on
+    Colibri, scales included), a projection or lm_head all of its weight."""
+    from colibri import hf
+    from tuner.measure.problems import Problem
+
+    out = dict.fromkeys(PARTS, 0)
+    for name, mod in model.named_modules():
+        part = part_of(name, mod) if name else None
+        if part is None:
+            continue
+        if isinstance(mod, hf.colibri_block_class()):
+            L = mod.layer
+            out[part] += Problem("", "decode", L.weight_dtype, 1, L.hidden, L.inter, L.n_experts, L.top_k,
+                                 S=L.shared_inter).decode_bytes
+        elif isinstance(mod, hf.colibri_linear_class()):
+            out[part] += mod.lin.weight_bytes
+        else:  # torch's: a block reads its routed experts' share of their tensors
+            for pname, prm in mod.named_parameters():
+                b = prm.numel() * prm.element_size()
+                out[part] += b * top_k // n_experts if pname.split(".")[0] == "experts" else b
+    return out
+
+
+def read_bw(threads: int) -> float | None:
+    """Read bandwidth (GB/s) at `threads`, as the layer bench measures it."""
+    from colibri import open_library
+    from colibri_bench.bench import read_bandwidth
+    from tuner.host.bandwidth import _llc_total_here, working_set_bytes
+
+    return read_bandwidth(open_library(), threads, working_set_bytes(_llc_total_here())[0], min_seconds=0.15)
+
+
+def part_bandwidth(nbytes: dict, ms_per_token: dict, bw: float | None) -> dict:
+    """{part: {bytes, gbps, pct_bw}} of a decode step: each part's weight bytes over its time."""
+    out = {}
+    for part in PARTS:
+        ms = ms_per_token[f"{part}_decode_ms_per_token"]
+        gbps = nbytes[part] / (ms * 1e-3) / 1e9 if ms > 0 and nbytes[part] else None
+        out[part] = {"bytes": nbytes[part], "gbps": gbps,
+                     "pct_bw": 100.0 * gbps / bw if gbps is not None and bw else None}
+    return out
+
+
 def time_generate(model, clock: PartClock, prompt_tokens: int, new_tokens: int, vocab: int) -> dict:
     """One greedy generate(): prefill seconds (to the first new token), decode tokens/s, and
     the seconds inside each of PARTS: the MoE blocks' per phase, every part's per decode token
@@ -177,10 +224,12 @@ def run(args, say) -> dict:
     from colibri import hf
 
     torch.set_num_threads(args.threads)
-    vocab = SHAPES[args.shape][1]["vocab_size"]
+    sizes = SHAPES[args.shape][1]
+    vocab = sizes["vocab_size"]
     say(f"building the {args.shape}-shaped model ({args.layers} layers, bf16, random init)")
     base = build_model(args.shape, args.layers)
     base_clock = PartClock(base)
+    base_bytes = decode_bytes(base, sizes["num_experts"], sizes["num_experts_per_tok"])
     results = {}
     for variant in args.variant:
         scope, wdt = variant.split(":")
@@ -197,7 +246,7 @@ def run(args, say) -> dict:
         # a warm-up of each (first-call costs: library load, page faults, torch's first kernels)
         time_generate(base, base_clock, args.prompt_tokens, 2, vocab)
         time_generate(patched, clock, args.prompt_tokens, 2, vocab)
-        rows_a, rows_b = [], []
+        rows_a, rows_b, bws = [], [], [read_bw(args.threads)]
         for r in range(args.rounds):
             for which in ((0, 1) if r % 2 == 0 else (1, 0)):
                 if which == 0:
@@ -207,11 +256,19 @@ def run(args, say) -> dict:
             say(f"  {variant} round {r + 1}/{args.rounds}: decode {rows_a[-1]['decode_tok_s']:.2f} -> "
                 f"{rows_b[-1]['decode_tok_s']:.2f} tok/s, prefill {rows_a[-1]['prefill_tok_s']:.1f} -> "
                 f"{rows_b[-1]['prefill_tok_s']:.1f} tok/s")
+            bws.append(read_bw(args.threads))
         # resident memory of the process (both models) before and after the patch: the
         # replaced modules' tensors go, Colibri's copies in wdt come
+        summary = _summary(rows_a, rows_b)
+        bw = statistics.median(b for b in bws if b) if any(bws) else None
+        nb = decode_bytes(patched, sizes["num_experts"], sizes["num_experts_per_tok"])
         results[variant] = {"modules": n, "patch_s": patch_s, "rss_before_patch": rss0,
-                            "rss_after_patch": rss1, **_summary(rows_a, rows_b),
-                        "rounds": {"unpatched": rows_a, "patched": rows_b}}
+                            "rss_after_patch": rss1, **summary, "read_bw_gbps": bw,
+                            "read_bw_rounds": bws,
+                            "decode_bandwidth": {
+                                "unpatched": part_bandwidth(base_bytes, summary["unpatched"], bw),
+                                "patched": part_bandwidth(nb, summary["patched"], bw)},
+                            "rounds": {"unpatched": rows_a, "patched": rows_b}}
         clock.remove()
         del patched, clock
         gc.collect()
@@ -239,6 +296,19 @@ def print_table(out: dict, stream=sys.stdout) -> None:
         cells = [f"{a[f'{p}_decode_ms_per_token']:9.1f} -> {b[f'{p}_decode_ms_per_token']:6.1f}" for p in PARTS]
         rest = [x["decode_ms_per_token"] - sum(x[f"{p}_decode_ms_per_token"] for p in PARTS) for x in (a, b)]
         print(f"{wdt:9} " + " ".join(f"{c:>23}" for c in cells) + f" {rest[0]:7.1f} -> {rest[1]:6.1f}",
+              file=stream)
+    print("decode GB/s by part and % of the read bandwidth measured between rounds (unpatched -> "
+          "patched; weight bytes a token reads over the part's time)", file=stream)
+    print(f"{'patched':9} {'read bw':>8} " + " ".join(f"{PART_NAMES[p]:>27}" for p in PARTS), file=stream)
+    for wdt, r in out["results"].items():
+        bw = r.get("read_bw_gbps")
+        cells = []
+        for p in PARTS:
+            a, b = r["decode_bandwidth"]["unpatched"][p], r["decode_bandwidth"]["patched"][p]
+            f = lambda c: "-" if c["gbps"] is None else (
+                f"{c['gbps']:.1f}" + (f" ({c['pct_bw']:.0f}%)" if c["pct_bw"] is not None else ""))
+            cells.append(f"{f(a)} -> {f(b)}")
+        print(f"{wdt:9} {'-' if bw is None else f'{bw:.1f}':>8} " + " ".join(f"{c:>27}" for c in cells),
               file=stream)
 
 

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from colibri_bench import e2e
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -34,9 +36,32 @@ def test_e2e_writes_patched_against_unpatched_figures(tmp_path):
         for k in ("decode", "prefill", "moe_decode", "moe_prefill"):
             s = r["speedup"][k]
             assert s["min"] <= s["median"] <= s["max"]
+        # each part's decode bytes: the tiny shape's tensors, counted by hand (2 layers, bf16
+        # unpatched: a block reads its router and top_k of its experts)
+        c = e2e.SHAPES["tiny"][1]
+        H, I, E, k, hd = (c[n] for n in ("hidden_size", "moe_intermediate_size", "num_experts",
+                                         "num_experts_per_tok", "head_dim"))
+        proj = 2 * c["num_attention_heads"] * hd * H + 2 * c["num_key_value_heads"] * hd * H
+        bw = r["decode_bandwidth"]
+        assert bw["unpatched"]["moe"]["bytes"] == 2 * (E * H * 2 + k * 3 * I * H * 2)
+        assert bw["unpatched"]["attn_proj"]["bytes"] == 2 * proj * 2
+        assert bw["unpatched"]["lm_head"]["bytes"] == c["vocab_size"] * H * 2
+        if wdt == "moe:bf16":  # Colibri's router is f32; the projections stay torch's
+            assert bw["patched"]["moe"]["bytes"] == 2 * (E * H * 4 + k * 3 * I * H * 2)
+            assert bw["patched"]["attn_proj"]["bytes"] == bw["unpatched"]["attn_proj"]["bytes"]
+        else:
+            assert 0 < bw["patched"]["lm_head"]["bytes"] < bw["unpatched"]["lm_head"]["bytes"]
+        assert r["read_bw_gbps"] > 0
+        for side in ("unpatched", "patched"):
+            for p in ("moe", "attn_proj", "lm_head"):
+                cell = bw[side][p]
+                ms = r[side][f"{p}_decode_ms_per_token"]
+                assert cell["gbps"] == pytest.approx(cell["bytes"] / ms * 1e-6)
+                assert cell["pct_bw"] == pytest.approx(100 * cell["gbps"] / r["read_bw_gbps"])
         assert f"\n{wdt} " in res.stdout
     assert "decode tok/s" in res.stdout and "MoE ms/token" in res.stdout
     assert "decode ms/token by part" in res.stdout and "lm_head" in res.stdout
+    assert "decode GB/s by part" in res.stdout
 
 
 def test_e2e_refuses_too_few_new_tokens():
