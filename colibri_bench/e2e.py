@@ -5,7 +5,8 @@ real shapes (no download).
 
     python -m colibri_bench e2e [--shape qwen3-30b-a3b|olmoe-1b-7b] [--layers 4]
                                 [--variant moe:bf16 --variant all:int4 ...] [--prompt-tokens 128]
-                                [--new-tokens 16] [--rounds 3] [--threads 2] [--out FILE]
+                                [--new-tokens 16] [--rounds 3] [--threads 2] [--peer llama.cpp]
+                                [--out FILE]
 
 The model is built in bf16 with the shape's real hidden, expert, attention and vocabulary
 sizes and `--layers` decoder layers. For each variant (moe:DTYPE, the MoE blocks on
@@ -16,7 +17,10 @@ the patched/unpatched ratios. A second table splits a decode step by part (the M
 the attention projections, lm_head, and the rest), so a speed-up can be read against where
 the time goes; a third gives each part's decode GB/s (the weight bytes a token reads there
 over its time) and its % of the read bandwidth measured between rounds (issue 31's 85%).
-The JSON goes to reports/<host-id>/e2e.json beside bench.json.
+With --peer llama.cpp, each variant also runs the same model through llama.cpp
+(colibri_bench/peers/llamacpp.py: a GGUF file in the variant's weight type, bf16, q8_0 for
+int8 or q4_0 for int4, run by llama-cpp-python) in the same rounds, checked first against
+transformers' logits. The JSON goes to reports/<host-id>/e2e.json beside bench.json.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from colibri import _cli
 
@@ -173,6 +179,13 @@ def part_bandwidth(nbytes: dict, ms_per_token: dict, bw: float | None) -> dict:
     return out
 
 
+def prompt_ids(prompt_tokens: int, vocab: int):
+    """The prompt every run times: random token ids [1, prompt_tokens], the same each time."""
+    import torch
+
+    return torch.randint(0, vocab, (1, prompt_tokens), generator=torch.Generator().manual_seed(1))
+
+
 def time_generate(model, clock: PartClock, prompt_tokens: int, new_tokens: int, vocab: int) -> dict:
     """One greedy generate(): prefill seconds (to the first new token), decode tokens/s, and
     the seconds inside each of PARTS: the MoE blocks' per phase, every part's per decode token
@@ -188,7 +201,7 @@ def time_generate(model, clock: PartClock, prompt_tokens: int, new_tokens: int, 
         def end(self):
             pass
 
-    ids = torch.randint(0, vocab, (1, prompt_tokens), generator=torch.Generator().manual_seed(1))
+    ids = prompt_ids(prompt_tokens, vocab)
     clock.reset()
     start = time.perf_counter()
     with torch.no_grad():
@@ -231,48 +244,122 @@ def run(args, say) -> dict:
     base_clock = PartClock(base)
     base_bytes = decode_bytes(base, sizes["num_experts"], sizes["num_experts_per_tok"])
     results = {}
-    for variant in args.variant:
-        scope, wdt = variant.split(":")
-        say(f"building and patching a second model: {'MoE blocks' if scope == 'moe' else 'everything'} "
-            f"on Colibri in {wdt}")
-        patched = build_model(args.shape, args.layers)
-        rss0 = _rss()
-        t0 = time.perf_counter()
-        n = hf.patch(patched, weight_dtype=wdt, linear=scope == "all", threads=args.threads)
-        patch_s = time.perf_counter() - t0
-        gc.collect()
-        rss1 = _rss()
-        clock = PartClock(patched)
-        # a warm-up of each (first-call costs: library load, page faults, torch's first kernels)
-        time_generate(base, base_clock, args.prompt_tokens, 2, vocab)
-        time_generate(patched, clock, args.prompt_tokens, 2, vocab)
-        rows_a, rows_b, bws = [], [], [read_bw(args.threads)]
-        for r in range(args.rounds):
-            for which in ((0, 1) if r % 2 == 0 else (1, 0)):
-                if which == 0:
-                    rows_a.append(time_generate(base, base_clock, args.prompt_tokens, args.new_tokens, vocab))
-                else:
-                    rows_b.append(time_generate(patched, clock, args.prompt_tokens, args.new_tokens, vocab))
-            say(f"  {variant} round {r + 1}/{args.rounds}: decode {rows_a[-1]['decode_tok_s']:.2f} -> "
-                f"{rows_b[-1]['decode_tok_s']:.2f} tok/s, prefill {rows_a[-1]['prefill_tok_s']:.1f} -> "
-                f"{rows_b[-1]['prefill_tok_s']:.1f} tok/s")
-            bws.append(read_bw(args.threads))
-        # resident memory of the process (both models) before and after the patch: the
-        # replaced modules' tensors go, Colibri's copies in wdt come
-        summary = _summary(rows_a, rows_b)
-        bw = statistics.median(b for b in bws if b) if any(bws) else None
-        nb = decode_bytes(patched, sizes["num_experts"], sizes["num_experts_per_tok"])
-        results[variant] = {"modules": n, "patch_s": patch_s, "rss_before_patch": rss0,
-                            "rss_after_patch": rss1, **summary, "read_bw_gbps": bw,
-                            "read_bw_rounds": bws,
-                            "decode_bandwidth": {
-                                "unpatched": part_bandwidth(base_bytes, summary["unpatched"], bw),
-                                "patched": part_bandwidth(nb, summary["patched"], bw)},
-                            "rounds": {"unpatched": rows_a, "patched": rows_b}}
-        clock.remove()
-        del patched, clock
-        gc.collect()
+    peer = _Peer(args, base, vocab, say) if args.peer else None
+    try:
+        for variant in args.variant:
+            results[variant] = _run_variant(args, variant, base, base_clock, base_bytes, sizes, peer, say)
+    finally:
+        if peer:
+            peer.cleanup()
     return results
+
+
+class _Peer:
+    """llama.cpp beside the bench (--peer llama.cpp): one GGUF file per weight type, written
+    from the unpatched model when a variant first needs it, checked against its logits."""
+
+    def __init__(self, args, base, vocab, say):
+        import tempfile
+
+        import torch
+
+        from colibri_build.paths import build_dir_default
+        from colibri_bench.peers import llamacpp
+
+        llamacpp._modules()  # a missing package is said before any model is written
+        self.lc, self.args, self.base, self.say = llamacpp, args, base, say
+        build_dir_default().mkdir(parents=True, exist_ok=True)
+        self.dir = tempfile.TemporaryDirectory(prefix="gguf-", dir=build_dir_default())
+        self.files, self.ids = {}, prompt_ids(args.prompt_tokens, vocab)
+        with torch.no_grad():
+            self.want = base(self.ids).logits[0, -1].float().numpy()
+
+    def model(self, wdt: str):
+        """(the loaded peer of wdt's GGUF type, its facts for the JSON)."""
+        qt = self.lc.PEER_TYPE[wdt]
+        if qt not in self.files:
+            t0 = time.perf_counter()
+            self.files[qt] = (self.lc.write_gguf(self.base, Path(self.dir.name) / f"{self.args.shape}-{qt}.gguf",
+                                                 qt, self.say), time.perf_counter() - t0)
+        path, write_s = self.files[qt]
+        m = self.lc.LlamaCppModel(path, self.args.threads, self.args.prompt_tokens + self.args.new_tokens + 8)
+        got = m.prompt_logits(self.ids[0].tolist())
+        err = float(np.linalg.norm(got - self.want) / np.linalg.norm(self.want))
+        import llama_cpp
+
+        return m, {"type": qt, "file_bytes": path.stat().st_size, "write_s": write_s, "logits_rel_err": err,
+                   "package": f"llama-cpp-python {llama_cpp.__version__}"}
+
+    def cleanup(self):
+        self.dir.cleanup()
+
+
+def _run_variant(args, variant, base, base_clock, base_bytes, sizes, peer, say) -> dict:
+    """One variant: a second model patched, timed against the unpatched one (and the peer,
+    where asked) in interleaved rounds, each round in another order."""
+    from colibri import hf
+
+    vocab = sizes["vocab_size"]
+    scope, wdt = variant.split(":")
+    say(f"building and patching a second model: {'MoE blocks' if scope == 'moe' else 'everything'} "
+        f"on Colibri in {wdt}")
+    patched = build_model(args.shape, args.layers)
+    rss0 = _rss()
+    t0 = time.perf_counter()
+    n = hf.patch(patched, weight_dtype=wdt, linear=scope == "all", threads=args.threads)
+    patch_s = time.perf_counter() - t0
+    gc.collect()
+    rss1 = _rss()
+    clock = PartClock(patched)
+    runs = [lambda new: time_generate(base, base_clock, args.prompt_tokens, new, vocab),
+            lambda new: time_generate(patched, clock, args.prompt_tokens, new, vocab)]
+    peer_model = peer_facts = None
+    if peer:
+        peer_model, peer_facts = peer.model(wdt)
+        say(f"  llama.cpp peer: {peer_facts['type']}, logits' relative error against transformers "
+            f"{peer_facts['logits_rel_err']:.3g}")
+        runs.append(lambda new: peer_model.time_generate(peer.ids[0].tolist(), new))
+    try:
+        for run_one in runs:  # a warm-up of each (library load, page faults, first kernels)
+            run_one(2)
+        rows = [[] for _ in runs]
+        bws = [read_bw(args.threads)]
+        for r in range(args.rounds):
+            for k in range(len(runs)):
+                which = (k + r) % len(runs) if r % 2 == 0 else (r - k) % len(runs)
+                rows[which].append(runs[which](args.new_tokens))
+            say(f"  {variant} round {r + 1}/{args.rounds}: decode {rows[0][-1]['decode_tok_s']:.2f} -> "
+                f"{rows[1][-1]['decode_tok_s']:.2f} tok/s, prefill {rows[0][-1]['prefill_tok_s']:.1f} -> "
+                f"{rows[1][-1]['prefill_tok_s']:.1f} tok/s"
+                + (f" (llama.cpp {rows[2][-1]['decode_tok_s']:.2f}, {rows[2][-1]['prefill_tok_s']:.1f})"
+                   if peer else ""))
+            bws.append(read_bw(args.threads))
+    finally:
+        if peer_model:
+            peer_model.close()
+    rows_a, rows_b = rows[0], rows[1]
+    summary = _summary(rows_a, rows_b)
+    bw = statistics.median(b for b in bws if b) if any(bws) else None
+    nb = decode_bytes(patched, sizes["num_experts"], sizes["num_experts_per_tok"])
+    # resident memory of the process (both models) before and after the patch: the
+    # replaced modules' tensors go, Colibri's copies in wdt come
+    out = {"modules": n, "patch_s": patch_s, "rss_before_patch": rss0, "rss_after_patch": rss1, **summary,
+           "read_bw_gbps": bw, "read_bw_rounds": bws,
+           "decode_bandwidth": {"unpatched": part_bandwidth(base_bytes, summary["unpatched"], bw),
+                                "patched": part_bandwidth(nb, summary["patched"], bw)},
+           "rounds": {"unpatched": rows_a, "patched": rows_b}}
+    if peer:
+        rows_c = rows[2]
+        ratio = {k: [b[f"{k}_tok_s"] / c[f"{k}_tok_s"] for b, c in zip(rows_b, rows_c)]
+                 for k in ("decode", "prefill")}
+        out["llama.cpp"] = {**peer_facts, **{k: statistics.median(r[k] for r in rows_c) for k in rows_c[0]},
+                            "patched_over_peer": {k: {"median": statistics.median(v), "min": min(v), "max": max(v)}
+                                                  for k, v in ratio.items()},
+                            "rounds": rows_c}
+    clock.remove()
+    del patched, clock
+    gc.collect()
+    return out
 
 
 def print_table(out: dict, stream=sys.stdout) -> None:
@@ -312,6 +399,26 @@ def print_table(out: dict, stream=sys.stdout) -> None:
               file=stream)
 
 
+def print_peer_table(out: dict, stream=sys.stdout) -> None:
+    rows = {v: r["llama.cpp"] for v, r in out["results"].items() if "llama.cpp" in r}
+    if not rows:
+        return
+    pkg = next(iter(rows.values()))["package"]
+    print(f"llama.cpp beside ({pkg}, the same model as GGUF; tok/s medians; patched/llama.cpp "
+          "[min, max] over rounds; logits' relative error against transformers)", file=stream)
+    print(f"{'patched':9} {'type':5} {'decode unpatched/patched/llama.cpp':>36} {'patched/llama.cpp':>19} "
+          f"{'prefill unpatched/patched/llama.cpp':>37} {'patched/llama.cpp':>19} {'logits err':>10}", file=stream)
+    for v, c in rows.items():
+        r = out["results"][v]
+        a, b = r["unpatched"], r["patched"]
+        q = c["patched_over_peer"]
+        sp = lambda k: f"{q[k]['median']:.2f}x [{q[k]['min']:.2f}, {q[k]['max']:.2f}]"
+        dec = f"{a['decode_tok_s']:.2f} / {b['decode_tok_s']:.2f} / {c['decode_tok_s']:.2f}"
+        pre = f"{a['prefill_tok_s']:.1f} / {b['prefill_tok_s']:.1f} / {c['prefill_tok_s']:.1f}"
+        print(f"{v:9} {c['type']:5} {dec:>36} {sp('decode'):>19} {pre:>37} {sp('prefill'):>19} "
+              f"{c['logits_rel_err']:10.3g}", file=stream)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _cli.Parser(prog="python -m colibri_bench e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b")
@@ -323,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=_cli.positive_int, default=16)
     ap.add_argument("--rounds", type=_cli.positive_int, default=3)
     ap.add_argument("--threads", type=_cli.positive_int, default=2)
+    ap.add_argument("--peer", choices=["llama.cpp"],
+                    help="also run the same model through llama.cpp (llama-cpp-python; GGUF written with "
+                    "the gguf package) in each variant's weight type: bf16, q8_0 for int8, q4_0 for int4")
     ap.add_argument("--out", help="JSON output (default reports/<host-id>/e2e.json)")
     args = ap.parse_args(argv)
     if args.new_tokens < 2:
@@ -335,14 +445,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"colibri_bench e2e: needs torch and transformers ({exc})", file=sys.stderr)
         return 1
     say = lambda m: print(m, file=sys.stderr, flush=True)
+    if args.peer:
+        from colibri_bench.peers import llamacpp
+
+        try:
+            llamacpp._modules()
+        except llamacpp.PeerUnavailable as exc:
+            print(f"colibri_bench e2e: --peer llama.cpp: {exc}", file=sys.stderr)
+            return 1
     results = run(args, say)
     from colibri_build import hostid
 
     out = {"shape": args.shape, "layers": args.layers, "threads": args.threads,
            "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "rounds": args.rounds,
-           "host_id": hostid.host_id(), "created": datetime.datetime.now(datetime.timezone.utc).isoformat(
+           "peer": args.peer, "host_id": hostid.host_id(), "created": datetime.datetime.now(datetime.timezone.utc).isoformat(
                timespec="seconds"), "results": results}
     print_table(out)
+    print_peer_table(out)
     from colibri_build.paths import reports_dir_default
 
     path = Path(args.out) if args.out else reports_dir_default() / out["host_id"] / "e2e.json"

@@ -46,6 +46,7 @@ CASES = [
     ("colibri_bench", ["profile", "--seconds", "0"], "> 0"),
     ("colibri_bench", ["overhead", "--calls", "0"], ">= 1"),
     ("colibri_bench", ["bench", "--beside", "int5"], "invalid choice"),
+    ("colibri_bench", ["e2e", "--peer", "vllm"], "invalid choice"),
 ]
 
 
