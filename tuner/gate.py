@@ -26,15 +26,17 @@ import json
 import os
 import sys
 
-from colibri_build import parts, render, shapes
+from colibri import quant
+from colibri_build import render, shapes
 from tuner import decide
 from tuner.build import codehash, variants
 from tuner.build.signature import variant_id
 from tuner.measure import interleave, problems as problems_mod
 
-# the kernel parts tuning changes, each gated in the dtype the tuner times it on
-# (colibri_build.parts.timed_dtype: the int4 part on int4g32)
-DTYPES = render.DOMAIN_DTYPES
+# every weight dtype a user can run: the int4 part's knobs are timed on int4g32
+# (colibri_build.parts.timed_dtype), and the gate checks int4's own kernels too, the format
+# `colibri convert` writes
+DTYPES = quant.DTYPES
 
 PHASES = ("decode", "prefill128", "prefill512")
 # shapes a gate checks for the default's code, in order of preference: the first one no
@@ -46,13 +48,12 @@ def matrix(shapes_, dtypes=DTYPES, phases=PHASES) -> list[str]:
     """Problem names of the validation matrix, shape outer, then phase, then dtype: the
     phases given, and the one of each kernel path for the shape (problems.path_phase: a
     shape with few experts reaches the prefill dot kernels below prefill128)."""
-    from colibri_build.parts import timed_dtype
     from colibri_build.render import PATHS
 
     out = []
     for s in shapes_:
         mine = dict.fromkeys([*phases, *(problems_mod.path_phase(s, p) for p in PATHS)])
-        out += [f"{s}/{ph}/{timed_dtype(d)}" for ph in mine for d in dtypes]
+        out += [f"{s}/{ph}/{d}" for ph in mine for d in dtypes]
     return out
 
 
@@ -103,7 +104,7 @@ def run_gate(t, knobs: dict, tuned_shapes: dict[str, list[str]]) -> dict:
     cfg = t.cfg
     threads = list(cfg.gate_threads or _threads(cfg.threads))
     record = {"shapes": sorted({s for v in tuned_shapes.values() for s in v}),
-              "phases": list(PHASES), "dtypes": [parts.timed_dtype(d) for d in DTYPES], "threads": threads,
+              "phases": list(PHASES), "dtypes": list(DTYPES), "threads": threads,
               "rounds": [3, cfg.gate_rounds], "min_seconds": cfg.gate_min_seconds,
               "rule": f"a cell is slower when the upper bound of its 95% interval is < 1.0 or its "
                       f"median ratio < {decide.SLOWER_MEDIAN}; rounds stop once every cell's "

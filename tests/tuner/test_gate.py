@@ -109,17 +109,20 @@ def test_only_the_changed_classes_cells_are_timed(tmp_path, fake):
 
 def test_the_gate_covers_each_path_of_a_shape_with_few_experts(tmp_path, fake):
     # tiny has 16 experts, top-4: prefill128 and prefill512 are on the gemm path; the prefill
-    # dot kernels run at prefill32, which the matrix adds
+    # dot kernels run at prefill32, which the matrix adds. int4 has no gemm: its prefill
+    # kernels run at every count
     t = _tuner(tmp_path)
     gate.run_gate(t, _cand(**{TINY: {"prefill_rows": 4}}), {TINY: ["tiny"]})
     (_, timed), = fake.measured
-    assert {n.split("/")[1] for n in timed} == {"prefill32"}
+    assert {n.split("/")[1] for n in timed if not n.endswith("/int4")} == {"prefill32"}
+    assert {n.split("/")[1] for n in timed if n.endswith("/int4")} == {"prefill32", "prefill128", "prefill512"}
 
 
 def test_a_packed_int4_prefill_knob_is_gated_where_its_kernels_run(tmp_path, fake):
     # packed int4g32 runs the prefill class's kernels up to pk_gemm_min_tokens (128): qwen3's
     # prefill512 (32 tokens per expert) is on that path, and the gate times it; in the row
-    # layout it is on the gemm path and prefill_prefetch_int4 does not reach it
+    # layout it is on the gemm path and prefill_prefetch_int4 does not reach it. int4 (always
+    # packed, no gemm) runs them at both counts, whatever the layout knob
     t = _tuner(tmp_path)
     for layout, want in (("interleaved", {"prefill128", "prefill512"}), ("rows", {"prefill128"})):
         fake.measured.clear()
@@ -127,8 +130,9 @@ def test_a_packed_int4_prefill_knob_is_gated_where_its_kernels_run(tmp_path, fak
         cand = shapes.join(t.default, {QWEN3: {"prefill_prefetch_int4": 4096}})
         gate.run_gate(t, cand, {QWEN3: ["qwen3-30b-a3b"]})
         (_, timed), = fake.measured
-        assert {n.split("/")[1] for n in timed} == want, layout
-        assert {n.split("/")[2] for n in timed} == {"int4g32"}
+        assert {n.split("/")[1] for n in timed if n.endswith("/int4g32")} == want, layout
+        assert {n.split("/")[1] for n in timed if n.endswith("/int4")} == {"prefill128", "prefill512"}
+        assert {n.split("/")[2] for n in timed} == {"int4g32", "int4"}
 
 
 def test_a_candidate_that_fails_a_cell_is_not_shipped(tmp_path, fake, monkeypatch):
@@ -169,9 +173,9 @@ def test_the_outside_shape_is_one_no_tuned_class_holds():
 
 def test_validation_matrix_covers_every_dtype_and_phase():
     names = gate.matrix(["qwen3-30b-a3b"])
-    assert len(names) == 3 * 4
+    assert len(names) == 3 * 5
     assert {n.split("/")[1] for n in names} == {"decode", "prefill128", "prefill512"}
-    assert {n.split("/")[2] for n in names} == {"f32", "bf16", "int8", "int4g32"}
+    assert {n.split("/")[2] for n in names} == {"f32", "bf16", "int8", "int4g32", "int4"}
     # Mixtral's 8 experts: its prefill dot kernels run at prefill32
     assert "prefill32" in {n.split("/")[1] for n in gate.matrix(["mixtral-8x7b"])}
     assert all(problems.problem(n) for n in names)
