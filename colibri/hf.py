@@ -239,16 +239,21 @@ def _module_class():
             if not shape or shape[-1] != self.layer.hidden:
                 raise ValueError(f"{self.original} patched by Colibri takes [..., {self.layer.hidden}] "
                                  f"hidden states; got {tuple(shape)}")
-            x = hidden_states.detach().reshape(-1, shape[-1])
+            x = hidden_states
             bf16 = dtype == torch.bfloat16  # the engine takes bf16 rows as they are
-            if not bf16 and x.dtype != torch.float32:
+            if not bf16 and dtype != torch.float32:
                 x = x.to(torch.float32)
-            x = x.contiguous()
-            out = torch.empty_like(x)
+            if not x.is_contiguous():
+                x = x.contiguous()
+            # the output in its final shape, so that no torch call follows the engine's: code
+            # that runs after a call that streamed the weights runs on cold caches (a view
+            # took 35 us after a Qwen3 int4 decode call; without it the module's call fell
+            # from 946 to 929 us)
+            out = torch.empty(shape, dtype=x.dtype)
             # by address: the checks of MoELayer.__call__ are the ones above (its own cost
             # 3x the engine's on a small layer; issue 31's per-call budget is 30 us)
-            self.layer._forward_ptrs(x.data_ptr(), out.data_ptr(), x.shape[0], bf16=bf16)
-            return (out if out.dtype == dtype else out.to(dtype)).view(shape)
+            self.layer._forward_ptrs(x.data_ptr(), out.data_ptr(), x.numel() // shape[-1], bf16=bf16)
+            return out if out.dtype == dtype else out.to(dtype)
 
         def extra_repr(self):
             L = self.layer
@@ -271,18 +276,19 @@ def _module_class():
             if not shape or shape[-1] != self.lin.cols:
                 raise ValueError(f"{self.original} patched by Colibri takes [..., {self.lin.cols}] "
                                  f"inputs; got {tuple(shape)}")
-            xf = x.detach().reshape(-1, shape[-1])
             # bf16 rows go to the engine as they are; with a bias, through f32, so that the
             # sum is rounded once
             bf16 = dtype == torch.bfloat16 and self.bias is None
-            if not bf16 and xf.dtype != torch.float32:
-                xf = xf.to(torch.float32)
-            xf = xf.contiguous()
-            out = torch.empty(xf.shape[0], self.lin.rows, dtype=xf.dtype)
-            self.lin._forward_ptrs(xf.data_ptr(), out.data_ptr(), xf.shape[0], bf16=bf16)  # checked above
+            xf = x if bf16 or dtype == torch.float32 else x.to(torch.float32)
+            if not xf.is_contiguous():
+                xf = xf.contiguous()
+            # in its final shape: no torch call after the engine's where none is needed (the
+            # block's forward says why)
+            out = torch.empty((*shape[:-1], self.lin.rows), dtype=xf.dtype)
+            self.lin._forward_ptrs(xf.data_ptr(), out.data_ptr(), xf.numel() // shape[-1], bf16=bf16)  # checked above
             if self.bias is not None:
                 out += self.bias
-            return (out if out.dtype == dtype else out.to(dtype)).view(*shape[:-1], self.lin.rows)
+            return out if out.dtype == dtype else out.to(dtype)
 
         def extra_repr(self):
             return (f"in_features={self.lin.cols}, out_features={self.lin.rows}, "
