@@ -179,6 +179,18 @@ def part_bandwidth(nbytes: dict, ms_per_token: dict, bw: float | None) -> dict:
     return out
 
 
+def prompt_logits(model, ids) -> np.ndarray:
+    """The model's logits for the last prompt token (float32 [vocab])."""
+    import torch
+
+    with torch.no_grad():
+        return model(ids).logits[0, -1].float().numpy()
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
 def prompt_ids(prompt_tokens: int, vocab: int):
     """The prompt every run times: random token ids [1, prompt_tokens], the same each time."""
     import torch
@@ -244,10 +256,11 @@ def run(args, say) -> dict:
     base_clock = PartClock(base)
     base_bytes = decode_bytes(base, sizes["num_experts"], sizes["num_experts_per_tok"])
     results = {}
-    peer = _Peer(args, base, vocab, say) if args.peer else None
+    want = prompt_logits(base, prompt_ids(args.prompt_tokens, vocab))
+    peer = _Peer(args, base, want, vocab, say) if args.peer else None
     try:
         for variant in args.variant:
-            results[variant] = _run_variant(args, variant, base, base_clock, base_bytes, sizes, peer, say)
+            results[variant] = _run_variant(args, variant, base, base_clock, base_bytes, sizes, want, peer, say)
     finally:
         if peer:
             peer.cleanup()
@@ -258,10 +271,8 @@ class _Peer:
     """llama.cpp beside the bench (--peer llama.cpp): one GGUF file per weight type, written
     from the unpatched model when a variant first needs it, checked against its logits."""
 
-    def __init__(self, args, base, vocab, say):
+    def __init__(self, args, base, want, vocab, say):
         import tempfile
-
-        import torch
 
         from colibri_build.paths import build_dir_default
         from colibri_bench.peers import llamacpp
@@ -270,9 +281,7 @@ class _Peer:
         self.lc, self.args, self.base, self.say = llamacpp, args, base, say
         build_dir_default().mkdir(parents=True, exist_ok=True)
         self.dir = tempfile.TemporaryDirectory(prefix="gguf-", dir=build_dir_default())
-        self.files, self.ids = {}, prompt_ids(args.prompt_tokens, vocab)
-        with torch.no_grad():
-            self.want = base(self.ids).logits[0, -1].float().numpy()
+        self.files, self.ids, self.want = {}, prompt_ids(args.prompt_tokens, vocab), want
 
     def model(self, wdt: str):
         """(the loaded peer of wdt's GGUF type, its facts for the JSON)."""
@@ -284,7 +293,7 @@ class _Peer:
         path, write_s = self.files[qt]
         m = self.lc.LlamaCppModel(path, self.args.threads, self.args.prompt_tokens + self.args.new_tokens + 8)
         got = m.prompt_logits(self.ids[0].tolist())
-        err = float(np.linalg.norm(got - self.want) / np.linalg.norm(self.want))
+        err = rel_err(got, self.want)
         import llama_cpp
 
         return m, {"type": qt, "file_bytes": path.stat().st_size, "write_s": write_s, "logits_rel_err": err,
@@ -294,7 +303,7 @@ class _Peer:
         self.dir.cleanup()
 
 
-def _run_variant(args, variant, base, base_clock, base_bytes, sizes, peer, say) -> dict:
+def _run_variant(args, variant, base, base_clock, base_bytes, sizes, want, peer, say) -> dict:
     """One variant: a second model patched, timed against the unpatched one (and the peer,
     where asked) in interleaved rounds, each round in another order."""
     from colibri import hf
@@ -310,6 +319,9 @@ def _run_variant(args, variant, base, base_clock, base_bytes, sizes, peer, say) 
     patch_s = time.perf_counter() - t0
     gc.collect()
     rss1 = _rss()
+    # the patched model's prompt logits against the unpatched model's (as the peer's are)
+    err = rel_err(prompt_logits(patched, prompt_ids(args.prompt_tokens, vocab)), want)
+    say(f"  patched: logits' relative error against the unpatched model {err:.3g}")
     clock = PartClock(patched)
     runs = [lambda new: time_generate(base, base_clock, args.prompt_tokens, new, vocab),
             lambda new: time_generate(patched, clock, args.prompt_tokens, new, vocab)]
@@ -343,7 +355,8 @@ def _run_variant(args, variant, base, base_clock, base_bytes, sizes, peer, say) 
     nb = decode_bytes(patched, sizes["num_experts"], sizes["num_experts_per_tok"])
     # resident memory of the process (both models) before and after the patch: the
     # replaced modules' tensors go, Colibri's copies in wdt come
-    out = {"modules": n, "patch_s": patch_s, "rss_before_patch": rss0, "rss_after_patch": rss1, **summary,
+    out = {"modules": n, "patch_s": patch_s, "logits_rel_err": err, "rss_before_patch": rss0,
+           "rss_after_patch": rss1, **summary,
            "read_bw_gbps": bw, "read_bw_rounds": bws,
            "decode_bandwidth": {"unpatched": part_bandwidth(base_bytes, summary["unpatched"], bw),
                                 "patched": part_bandwidth(nb, summary["patched"], bw)},
@@ -405,9 +418,10 @@ def print_peer_table(out: dict, stream=sys.stdout) -> None:
         return
     pkg = next(iter(rows.values()))["package"]
     print(f"llama.cpp beside ({pkg}, the same model as GGUF; tok/s medians; patched/llama.cpp "
-          "[min, max] over rounds; logits' relative error against transformers)", file=stream)
+          "[min, max] over rounds; logits' relative error against unpatched transformers, "
+          "patched / llama.cpp)", file=stream)
     print(f"{'patched':9} {'type':5} {'decode unpatched/patched/llama.cpp':>36} {'patched/llama.cpp':>19} "
-          f"{'prefill unpatched/patched/llama.cpp':>37} {'patched/llama.cpp':>19} {'logits err':>10}", file=stream)
+          f"{'prefill unpatched/patched/llama.cpp':>37} {'patched/llama.cpp':>19} {'logits err':>15}", file=stream)
     for v, c in rows.items():
         r = out["results"][v]
         a, b = r["unpatched"], r["patched"]
@@ -415,8 +429,9 @@ def print_peer_table(out: dict, stream=sys.stdout) -> None:
         sp = lambda k: f"{q[k]['median']:.2f}x [{q[k]['min']:.2f}, {q[k]['max']:.2f}]"
         dec = f"{a['decode_tok_s']:.2f} / {b['decode_tok_s']:.2f} / {c['decode_tok_s']:.2f}"
         pre = f"{a['prefill_tok_s']:.1f} / {b['prefill_tok_s']:.1f} / {c['prefill_tok_s']:.1f}"
+        errs = f"{r['logits_rel_err']:.3g} / {c['logits_rel_err']:.3g}"
         print(f"{v:9} {c['type']:5} {dec:>36} {sp('decode'):>19} {pre:>37} {sp('prefill'):>19} "
-              f"{c['logits_rel_err']:10.3g}", file=stream)
+              f"{errs:>15}", file=stream)
 
 
 def main(argv: list[str] | None = None) -> int:

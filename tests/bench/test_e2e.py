@@ -52,6 +52,9 @@ def test_e2e_writes_patched_against_unpatched_figures(tmp_path):
         else:
             assert 0 < bw["patched"]["lm_head"]["bytes"] < bw["unpatched"]["lm_head"]["bytes"]
         assert r["read_bw_gbps"] > 0
+        # the patched model's prompt logits against the unpatched model's (seen: 0.0055 for
+        # bf16 MoE blocks, 0.22 with everything in int4g32 on this random-init model)
+        assert 0 < r["logits_rel_err"] <= (2e-2 if wdt == "moe:bf16" else 0.35), (wdt, r["logits_rel_err"])
         for side in ("unpatched", "patched"):
             for p in ("moe", "attn_proj", "lm_head"):
                 cell = bw[side][p]
