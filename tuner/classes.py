@@ -140,7 +140,12 @@ def _race_only(t, prebuilt, points: list[dict], baseline: dict) -> list[dict] | 
             return None
         if b.lib is None:
             t.evaluate(k, prebuilt)  # records the compile error
-        elif not t.tie_with_baseline(k):
+        elif t.tie_with_baseline(k):
+            pass
+        elif t.same_problem_code_as_baseline(k):
+            t.say(f"  {t.label(k)}: the default's machine code on every problem of this class: "
+                  f"not raced")
+        else:
             out.append(k)
     return [*out, baseline] if out else None
 
@@ -302,7 +307,7 @@ def race(t, cls: str, finals: list[dict], baseline: dict,
     if d in wrong or len(wrong) == len(finals) - 1:  # nothing left to race against
         return [], None
     dropped = {i: r for i, r in res.dropped.items()}
-    t.say(f"  {res.rounds} round(s) in {res.wall_s:.1f} s"
+    t.say(f"  {res.rounds} round(s) in {res.wall_s:.1f} s ({res.ready_s:.1f} s of it loading and checking)"
           + (f"; dropped after round(s) " + ", ".join(f"{dropped[i]} ({t.label(finals[i])})"
                                                       for i in sorted(dropped)) if dropped else ""))
     keep = [i for i in range(len(finals)) if i not in wrong]

@@ -152,7 +152,7 @@ class Tuner:
 
     def class_space(self, cls: str, base: dict) -> Space:
         """The class's knobs over their values; every other knob fixed at `base`. --quick:
-        each knob's `quick` values and its default."""
+        each knob's `quick` values and its default, one knob off its default at a time."""
         space = Space.from_spec(self.spec, self.profile.kernel_isas)
         mine = self.classes[cls]
         restrict = {k: [v] for k, v in base.items() if k not in mine}
@@ -171,7 +171,14 @@ class Tuner:
         # change this build: it stays at its default (gemm_mmla_int8 on x86)
         restrict.update({k: [self.default_for(self.current_shape)[k]] for k in mine
                          if self._domain_excludes(self.spec.knobs[k].domain, base)})
-        return space.subspace(**restrict)
+        space = space.subspace(**restrict)
+        if self.cfg.quick:
+            # one quick value at a time against the default (knobs --space names excepted):
+            # most classes then have no more candidates than the race takes, and go to it
+            # without a screening pass
+            space = space.one_at_a_time(self.default_for(self.current_shape),
+                                        [k for k in mine if k not in (self.cfg.space_overrides or {})])
+        return space
 
     def class_applies(self, cls: str, base: dict) -> str | None:
         """None when the class's knobs change this build's code, else why not: its knobs
@@ -274,6 +281,15 @@ class Tuner:
         self.identical[variant_id(knobs)] = variant_id(self.baseline[0])
         self.say(f"  {self.label(knobs)}: the default's machine code: a tie, not timed")
         return True
+
+    def same_problem_code_as_baseline(self, knobs: dict) -> bool:
+        """Whether a built variant runs its class default's machine code on every problem of
+        the class (it differs only in code no problem of this run reaches): timing it could
+        only measure noise."""
+        if self.baseline is None:
+            return False
+        base = [self.problem_code(self.baseline[0], p) for p in self.problems]
+        return None not in base and base == [self.problem_code(knobs, p) for p in self.problems]
 
     def problem_code(self, knobs: dict, prob) -> str | None:
         """A digest of the machine code problem `prob` runs in a built variant: its dtype's

@@ -239,7 +239,7 @@ def _measure(t, libs, probs, threads) -> list[dict]:
         v = res.verified[1]
         for c in cells:
             c.update(status=v["status"], reason=v.get("reason", ""))
-    t.say(f"gate: {res.rounds} round(s) in {res.wall_s:.0f} s")
+    t.say(f"gate: {res.rounds} round(s) in {res.wall_s:.0f} s ({res.ready_s:.0f} s of it loading and checking)")
     return cells
 
 

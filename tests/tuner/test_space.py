@@ -225,3 +225,19 @@ def test_coupled_knobs_and_pair_neighbours(ffn):
     assert s.coupled == (("a", "c"),) and s.subspace(b=1).coupled == (("a", "c"),)
     with pytest.raises(ValueError, match="couplings"):
         Space(knobs={"a": (1, 2)}, couplings=[("a", "z")])
+
+
+def test_one_at_a_time_moves_one_named_knob_off_its_value_and_leaves_the_others_free(ffn):
+    around = dict(ffn.default)
+    q = ffn.subspace(isa="avx2").one_at_a_time(around, ["rows", "tok_block", "unroll"])
+    moved = [sum(p[k] != around[k] for k in ("rows", "tok_block", "unroll")) for p in q.points()]
+    assert max(moved) == 1 and moved.count(0) == len(ffn.knobs["prefetch"])  # prefetch free
+    # each of the three knobs' other values alone, against every prefetch value
+    assert q.size() == (1 + 2 + 2 + 2) * len(ffn.knobs["prefetch"])
+    assert all(ffn.contains(p) for p in q.points())
+    assert q.coupled == ffn.coupled          # the design adds no coupling for local searches
+    # a product of two quick values each (4 points) becomes 3
+    two = ffn.subspace(isa="avx2", rows=[2, 4], tok_block=[2, 4], unroll=[1], prefetch=[512])
+    assert two.size() == 4 and two.one_at_a_time(around, ["rows", "tok_block"]).size() == 3
+    with pytest.raises(ValueError, match="no point within one knob"):
+        ffn.subspace(rows=[4], tok_block=[4], unroll=[1]).one_at_a_time(around, ["rows", "tok_block"])

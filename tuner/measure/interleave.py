@@ -41,6 +41,7 @@ class Interleaved:
     status: str = worker.STATUS_OK
     reason: str = ""
     wall_s: float = 0.0
+    ready_s: float = 0.0  # of wall_s, the model files, loading every library and checking them
 
     def read_bandwidth(self, threads: int) -> float | None:
         """The median read bandwidth of the rounds at `threads` (None if not measured)."""
@@ -100,6 +101,7 @@ def interleave(libs: Sequence[str | Path], problems, *, threads: Sequence[int], 
             res.verified = list(s.verified)
             res.live = [i for i in res.live if not _failed(res.verified[i])]
             t_ready = time.monotonic()  # the budget is for rounds, not for loading and checking
+            res.ready_s = t_ready - t0
             for r in range(hi):
                 if len(res.live) < 2 and len(libs) > 1:
                     break

@@ -143,6 +143,21 @@ class Space:
             sub = sub.with_default(self.default)
         return sub
 
+    def one_at_a_time(self, around: Mapping[str, Any], knobs: Iterable[str]) -> "Space":
+        """The points that differ from `around` in at most one of `knobs` (the others are
+        free as before): each value tried alone against `around`'s, not every combination
+        (a one-factor-at-a-time design, linear instead of multiplicative in the values)."""
+        ks = tuple(knobs)
+
+        def one_at_a_time(p, _a=dict(around), _ks=ks):
+            return sum(p[k] != _a.get(k) for k in _ks) <= 1
+
+        sub = Space(knobs=self.knobs, constraints=(*self.constraints, one_at_a_time),
+                    categorical=self.categorical, name=self.name, couplings=self.coupled)
+        if sub.size() == 0:
+            raise ValueError(f"{self.name or 'space'}: no point within one knob of {dict(around)}")
+        return sub.with_default(self.default) if self.default is not None and sub.contains(self.default) else sub
+
     # ------------------------------------------------------------ points
 
     @property
