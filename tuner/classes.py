@@ -290,9 +290,13 @@ def race(t, cls: str, finals: list[dict], baseline: dict,
     lo, hi = cfg.race_rounds
     t.say(f"racing {len(finals) - 1} finalist(s) against the default, {lo}-{hi} interleaved "
           f"rounds, at most {cfg.race_budget_s:.0f} s")
+    # a library checked on these shapes and dtypes earlier in this run (the default, raced
+    # in every class) is not checked again
+    checks = [verify and not all((variant_id(k), p.shape, p.dtype) in t.verified for p in t.problems)
+              for k in finals]
     res = interleave.interleave(libs, t.problems, threads=[threads], weights_dir=t.work / "weights",
                                 seed=cfg.seed, rounds=(lo, hi), min_seconds=cfg.race_min_seconds,
-                                warmup=1, verify=[verify] * len(libs), step=step,
+                                warmup=1, verify=checks, step=step,
                                 budget_s=cfg.race_budget_s, timeout_s=cfg.worker_timeout_s,
                                 bandwidth=True, say=t.say)
     if not res.ok:
@@ -304,6 +308,8 @@ def race(t, cls: str, finals: list[dict], baseline: dict,
         t.say(f"  {t.label(finals[i])}: {v.get('status')} ({str(v.get('reason', '')).splitlines()[0][:160]})")
         for p in t.problems:
             t._put(finals[i], p, v.get("status", "wrong"), str(v.get("reason", "")))
+    t.verified |= {(variant_id(finals[i]), p.shape, p.dtype) for i, v in enumerate(res.verified)
+                   if v is not None and i not in wrong for p in t.problems}
     if d in wrong or len(wrong) == len(finals) - 1:  # nothing left to race against
         return [], None
     dropped = {i: r for i, r in res.dropped.items()}

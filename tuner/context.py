@@ -119,6 +119,8 @@ class Tuner:
         self.load_checked = False
         self.from_store = 0
         self.macros = None     # the compiler's predefined macros under the profile (lazily)
+        self.built: dict[str, variants.Built] = {}  # variant id -> its build in this run
+        self.verified: set[tuple[str, str, str]] = set()  # (variant id, shape, dtype) checked
 
     # ------------------------------------------------------------- identity
     @property
@@ -246,15 +248,19 @@ class Tuner:
         """Build the points the store has no measurements of (and `force`, a variant id,
         in any case); {variant id: Built}."""
         todo = [p for p in points if variant_id(p) == force or self.cached(p) is None]
+        # built earlier in this run (its sources cannot have changed since): not again
+        out = {variant_id(p): self.built[variant_id(p)] for p in todo if variant_id(p) in self.built}
+        todo = [p for p in todo if variant_id(p) not in out]
         if not todo:
-            return {}
+            return out
         self.say(f"building {len(todo)} variant(s) with scons -j{os.cpu_count()} "
                  f"(profile {self.profile_name})")
         t0 = time.perf_counter()
         built = variants.build_batch(self.profile_name, todo, self.work / "variants")
         bad = sum(b.lib is None for b in built)
         self.say(f"built {len(built) - bad}, failed {bad} in {time.perf_counter() - t0:.1f} s")
-        return {b.vid: b for b in built}
+        self.built.update({b.vid: b for b in built})
+        return {**out, **{b.vid: b for b in built}}
 
     def label(self, knobs: dict) -> str:
         """The knobs of the class being tuned (all of them outside a class), for progress lines."""

@@ -11,6 +11,7 @@ report describes it (tuner/report/). tuner/context.py holds what the stages shar
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 from colibri_build import hostid, render, shapes
 from colibri_build.paths import build_dir_default, reports_dir_default
 from tuner import classes as classes_mod, summary as summary_mod
+from tuner.build.signature import variant_id
 from tuner.context import (KERNEL, Tuner, _current, default_problems, in_class,  # noqa: F401
                            load_warning, predefined_macros)
 from tuner.measure import interleave
@@ -71,6 +73,33 @@ def weights_ready(t: Tuner) -> None:
     interleave.prepare(t.all_problems, t.work / "weights", t.cfg.seed, progress=t.say)
 
 
+def class_plan(t: Tuner, cls: str, probs: list, base: dict) -> tuple[list, str | None, set]:
+    """Class `cls` of the shape class being tuned (t.current_shape) under `base`: (its
+    problems among `probs`, why it is not tuned or None, its live cells)."""
+    live = t.live_cells(cls, base)
+    mine = [p for p in probs if in_class(t.spec, p, cls, base, t.amx)
+            and (problems_mod.path_of(p, base, t.amx), p.part) in live]
+    why = t.class_applies(cls, base) or (
+        "its knobs change no code that runs in this build (the weight layouts it holds)" if not live
+        else "no problem of this run lies in its domain" if not mine else None)
+    if why is None and t.class_space(cls, base).size() <= 1:
+        why = "its knobs have one value each in this run's space: nothing to choose"
+    return mine, why, live
+
+
+def quick_points(t: Tuner) -> list[dict]:
+    """--quick: every point of every class that will be tuned, each class from the
+    profile's defaults (what the run builds when no class adopts a change)."""
+    out = {}
+    for sc, probs in t.shape_groups().items():
+        t.current_shape, base = sc, t.default_for(sc)
+        for cls in t.classes:
+            if class_plan(t, cls, probs, base)[1] is None:
+                out.update({variant_id(k): k for k in t.class_space(cls, base).points()})
+    t.current_shape = None
+    return list(out.values())
+
+
 def tune_shape_class(t: Tuner, sc: str, probs: list) -> dict:
     """Every knob class on the problems of one shape class, from the profile's defaults;
     {"shapes", "classes", "skipped", "knobs": the winners}."""
@@ -79,15 +108,7 @@ def tune_shape_class(t: Tuner, sc: str, probs: list) -> dict:
     t.current_shape = sc
     base, done, skipped = t.default_for(sc), [], []
     for cls, knobs in t.classes.items():
-        live = t.live_cells(cls, base)
-        t.problems = [p for p in probs if in_class(t.spec, p, cls, base, t.amx)
-                      and (problems_mod.path_of(p, base, t.amx), p.part) in live]
-        why = t.class_applies(cls, base) or (
-            "its knobs change no code that runs in this build (the weight layouts it holds)" if not live
-            else "no problem of this run lies in its domain" if not t.problems else None)
-        space = t.class_space(cls, base) if why is None else None
-        if space is not None and space.size() <= 1:
-            why = "its knobs have one value each in this run's space: nothing to choose"
+        t.problems, why, live = class_plan(t, cls, probs, base)
         if why:
             t.say(f"class {cls}: not tuned: {why}")
             skipped.append({"class": cls, "knobs": list(knobs), "why": why})
@@ -118,7 +139,28 @@ def run(cfg: RunConfig, host: dict | None = None) -> dict:
     try:
         t.say(f"host {t.host_id}: profile {t.profile_name}, {t.resolved.compiler.family} "
               f"{t.resolved.version}; store {t.store_path}")
-        weights_ready(t)
+        if cfg.quick:
+            # a quick run's variants are few and known: compiled while the weights are
+            # written, not class by class between timings
+            from concurrent.futures import ThreadPoolExecutor
+
+            from tuner.build import variants
+
+            todo = [k for k in quick_points(t) if t.cached(k) is None]
+            if todo:
+                t.say(f"building the run's {len(todo)} variant(s) with scons -j{os.cpu_count()} "
+                      f"while the weights are written")
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(1) as pool:
+                ahead = pool.submit(variants.build_batch, t.profile_name, todo, t.work / "variants")
+                weights_ready(t)
+                built = ahead.result()
+            t.built.update({b.vid: b for b in built})
+            if todo:
+                t.say(f"built {sum(b.lib is not None for b in built)} of {len(built)} variant(s) in "
+                      f"{time.perf_counter() - t0:.1f} s, the weights included")
+        else:
+            weights_ready(t)
         per_shape = {sc: tune_shape_class(t, sc, probs) for sc, probs in t.shape_groups().items()}
         t.problems = t.all_problems
         # the default build's shape classes (the profile's), with this run's on top
