@@ -153,7 +153,14 @@ def run(cfg: RunConfig, host: dict | None = None) -> dict:
             t0 = time.perf_counter()
             with ThreadPoolExecutor(1) as pool:
                 ahead = pool.submit(variants.build_batch, t.profile_name, todo, t.work / "variants")
-                weights_ready(t)
+                # the files the gate would time too (every dtype): written while the
+                # compiler runs, not inside the gate
+                from tuner import gate
+
+                gated = [problems_mod.problem(n) for n in gate.matrix(
+                    dict.fromkeys(p.shape for p in t.all_problems))]
+                interleave.prepare([*t.all_problems, *gated], t.work / "weights", cfg.seed,
+                                   progress=t.say)
                 built = ahead.result()
             t.built.update({b.vid: b for b in built})
             if todo:
