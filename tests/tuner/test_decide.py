@@ -132,9 +132,13 @@ class _FakeSession:
     script: dict = {}
     rounds_seen: list = []
 
+    checked: list = []  # per session, the libraries it was asked to check
+
     def __init__(self, libs, problems, **kw):
         self.libs, self.problems, self.threads = list(libs), list(problems), kw["threads"]
-        self.verified = [None] * len(self.libs)
+        verify = kw.get("verify") or [False] * len(self.libs)
+        _FakeSession.checked.append(list(verify))
+        self.verified = [{"status": "ok"} if v else None for v in verify]
         self.bandwidth = {}
         self.r = 0
 
@@ -201,3 +205,29 @@ def test_a_race_with_a_clear_winner_stops_at_its_first_decision(monkeypatch):
     assert res.rounds == 3
     v = decide.verdict(*(res.rows(i) for i in (0, 1)), ["tiny/decode/f32"])
     assert v["adopt"]
+
+
+def test_a_library_checked_earlier_in_the_run_is_not_checked_again(monkeypatch, tmp_path):
+    from tuner.measure import interleave, problems, worker
+
+    monkeypatch.setattr(worker, "Session", _FakeSession)
+    monkeypatch.setattr(interleave, "prepare", lambda *a, **k: None)
+    wobble = [1.0, 1.002, 0.998]
+    _FakeSession.rounds_seen, _FakeSession.checked = [], []
+    t = SimpleNamespace(
+        cfg=SimpleNamespace(threads=1, race_rounds=(3, 3), race_budget_s=60.0, race_min_seconds=0.01,
+                            seed=0, worker_timeout_s=60.0),
+        problems=[problems.problem("tiny/decode/f32")], work=tmp_path, profile_name="generic",
+        verified=set(), say=lambda m: None, store=SimpleNamespace(get=lambda key: "kept"),
+        key=lambda k, p: None, measured=0, label=lambda k: str(k))
+    dflt, a, b = {"x": 0}, {"x": 1}, {"x": 2}
+    def lib(k):  # where race() looks for a variant's library
+        return classes.variants.variant_dir(tmp_path / "variants", "generic",
+                                            classes.variant_id(k)) / "libcolibri.so"
+
+    _FakeSession.script = {lib(dflt): wobble, lib(a): [0.99 * w for w in wobble],
+                           lib(b): [1.01 * w for w in wobble]}
+    classes.race(t, "c1", [a, dflt], dflt, verify=True)
+    classes.race(t, "c2", [b, dflt], dflt, verify=True)
+    # the default, checked in the first class's race, is not checked in the second's
+    assert _FakeSession.checked == [[True, True], [True, False]]
