@@ -108,7 +108,9 @@ def run_gate(t, knobs: dict, tuned_shapes: dict[str, list[str]]) -> dict:
               "rounds": [3, cfg.gate_rounds], "min_seconds": cfg.gate_min_seconds,
               "rule": f"a cell is slower when the upper bound of its 95% interval is < 1.0 or its "
                       f"median ratio < {decide.SLOWER_MEDIAN}; rounds stop once every cell's "
-                      f"interval excludes 1 or lies within [{decide.TIE_LO}, {decide.TIE_HI:.4f}]",
+                      f"interval excludes 1 or lies within [{decide.TIE_LO}, {decide.TIE_HI:.4f}], "
+                      f"or once each class owning a cell that does not has a cell whose interval "
+                      f"lies below 1",
               "passes": [], "reverted": {}, "cells": [], "outside": None,
               "read_bandwidth_gbps": t.read_bandwidth()}
     cand = dict(knobs)
@@ -138,7 +140,7 @@ def run_gate(t, knobs: dict, tuned_shapes: dict[str, list[str]]) -> dict:
         probs, owner = _cells(t, cand, changed, tuned_shapes, extra)
         t.say(f"gate: shape class(es) {', '.join(changed)} against the default build on "
               f"{len(probs)} problem(s) x threads {threads}, up to {cfg.gate_rounds} interleaved rounds")
-        cells = _measure(t, libs, probs, threads)
+        cells = _measure(t, libs, probs, threads, owner)
         revert = _judge(t, cells, owner, changed)
         if not outside["ok"]:
             for sc, classes in changed.items():
@@ -206,7 +208,20 @@ def _class_of(shape: str) -> str:
     return shapes.class_of(s["H"], s["I"])
 
 
-def _measure(t, libs, probs, threads) -> list[dict]:
+def still_open(cells: list[dict], owner: dict) -> bool:
+    """Whether another round could change what the gate does: some cell is unsettled and
+    one of the classes owning it (owner: problem -> (shape class, classes)) has no cell
+    settled as slower yet (its interval below 1). A class with such a cell reverts
+    whatever its other cells do, so they need no more rounds."""
+    def owners(c):
+        sc, own = owner.get(c["problem"], (None, []))
+        return {(sc, cls) for cls in own}
+
+    decided = {o for c in cells if c.get("hi") is not None and c["hi"] < 1.0 for o in owners(c)}
+    return any(not c.get("settled") and not owners(c) <= decided for c in cells)
+
+
+def _measure(t, libs, probs, threads, owner: dict) -> list[dict]:
     cfg = t.cfg
 
     def cells_of(res) -> list[dict]:
@@ -226,7 +241,7 @@ def _measure(t, libs, probs, threads) -> list[dict]:
         return out
 
     def step(res):
-        return None if all(c.get("settled") for c in cells_of(res)) else [0, 1]
+        return [0, 1] if still_open(cells_of(res), owner) else None
 
     res = interleave.interleave(libs, probs, threads=threads, weights_dir=t.work / "weights",
                                 seed=cfg.seed, rounds=(3, cfg.gate_rounds),

@@ -54,7 +54,7 @@ def fake(monkeypatch):
         return {"shape": s, "ok": state.outside_ok, "why": "runs the default's machine code"
                 if state.outside_ok else "its layers run kernel table 'h22_i20'"}
 
-    def measure(t, libs, probs, threads):
+    def measure(t, libs, probs, threads, owner):
         state.measured.append((dict(state.cand), [p.name for p in probs]))
         out = []
         for p in probs:
@@ -139,7 +139,7 @@ def test_a_candidate_that_fails_a_cell_is_not_shipped(tmp_path, fake, monkeypatc
     t = _tuner(tmp_path)
     cand = _cand(**{TINY: {"rows": 1, "prefetch_int4": 4096}})
 
-    def measure(t_, libs, probs, threads):
+    def measure(t_, libs, probs, threads, owner):
         bad = fake.cand != DEFAULT
         return [{"problem": p.name, "threads": th, "status": "wrong", "reason": "max relative error"}
                 if bad and p.dtype == "int4g32" else _cell(p.name, th, [1.0] * 5)
@@ -179,3 +179,22 @@ def test_validation_matrix_covers_every_dtype_and_phase():
     # Mixtral's 8 experts: its prefill dot kernels run at prefill32
     assert "prefill32" in {n.split("/")[1] for n in gate.matrix(["mixtral-8x7b"])}
     assert all(problems.problem(n) for n in names)
+
+
+def test_the_gate_stops_once_every_class_owning_an_open_cell_must_revert():
+    def cell(problem, threads, ratios):
+        c = _cell(problem, threads, ratios)
+        c["settled"] = gate.decide.settled(gate.decide.ratio(ratios))
+        return c
+
+    noisy, clear_loss = [0.9, 1.1, 0.95, 1.08], [0.6, 0.62, 0.61]
+    owner = {"a": ("sc", ["gemm", "gemm_bf16"]), "b": ("sc", ["gemm"]), "c": ("sc", ["igemm"])}
+    # a noisy cell keeps the rounds going while a class owning it could still be kept
+    assert gate.still_open([cell("a", 1, noisy), cell("b", 1, clear_loss)], owner)
+    # once each of its owners has a cell settled below 1, its noise cannot change anything
+    owner["b"] = ("sc", ["gemm", "gemm_bf16"])
+    assert not gate.still_open([cell("a", 1, noisy), cell("b", 1, clear_loss)], owner)
+    # a noisy cell of another class still counts
+    assert gate.still_open([cell("a", 1, noisy), cell("b", 1, clear_loss), cell("c", 2, noisy)], owner)
+    # a loss by its median alone (its interval reaching 1) settles nothing
+    assert gate.still_open([cell("a", 1, noisy), cell("b", 1, [0.9, 1.01, 0.95])], owner)
