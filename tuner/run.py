@@ -148,8 +148,8 @@ def run(cfg: RunConfig, host: dict | None = None) -> dict:
 
             todo = [k for k in quick_points(t) if t.cached(k) is None]
             if todo:
-                t.say(f"building the run's {len(todo)} variant(s) with scons -j{os.cpu_count()} "
-                      f"while the weights are written")
+                t.say(f"building the run's {len(todo)} variant(s) (what is out of date) with scons "
+                      f"-j{os.cpu_count()} while the weights are written")
             t0 = time.perf_counter()
             with ThreadPoolExecutor(1) as pool:
                 ahead = pool.submit(variants.build_batch, t.profile_name, todo, t.work / "variants")
