@@ -133,11 +133,13 @@ class _FakeSession:
     rounds_seen: list = []
 
     checked: list = []  # per session, the libraries it was asked to check
+    libs_seen: list = []  # per session, its libraries in order
 
     def __init__(self, libs, problems, **kw):
         self.libs, self.problems, self.threads = list(libs), list(problems), kw["threads"]
         verify = kw.get("verify") or [False] * len(self.libs)
         _FakeSession.checked.append(list(verify))
+        _FakeSession.libs_seen.append(list(self.libs))
         self.verified = [{"status": "ok"} if v else None for v in verify]
         self.bandwidth = {}
         self.r = 0
@@ -207,13 +209,13 @@ def test_a_race_with_a_clear_winner_stops_at_its_first_decision(monkeypatch):
     assert v["adopt"]
 
 
-def test_a_library_checked_earlier_in_the_run_is_not_checked_again(monkeypatch, tmp_path):
+def test_a_race_loads_the_default_last_and_checks_it_once_per_run(monkeypatch, tmp_path):
     from tuner.measure import interleave, problems, worker
 
     monkeypatch.setattr(worker, "Session", _FakeSession)
     monkeypatch.setattr(interleave, "prepare", lambda *a, **k: None)
     wobble = [1.0, 1.002, 0.998]
-    _FakeSession.rounds_seen, _FakeSession.checked = [], []
+    _FakeSession.rounds_seen, _FakeSession.checked, _FakeSession.libs_seen = [], [], []
     t = SimpleNamespace(
         cfg=SimpleNamespace(threads=1, race_rounds=(3, 3), race_budget_s=60.0, race_min_seconds=0.01,
                             seed=0, worker_timeout_s=60.0),
@@ -229,5 +231,7 @@ def test_a_library_checked_earlier_in_the_run_is_not_checked_again(monkeypatch, 
                            lib(b): [1.01 * w for w in wobble]}
     classes.race(t, "c1", [a, dflt], dflt, verify=True)
     classes.race(t, "c2", [b, dflt], dflt, verify=True)
+    # the default goes first (the worker loads it last: a first-loaded model runs slow)
+    assert [libs[0] for libs in _FakeSession.libs_seen] == [lib(dflt), lib(dflt)]
     # the default, checked in the first class's race, is not checked in the second's
-    assert _FakeSession.checked == [[True, True], [True, False]]
+    assert _FakeSession.checked == [[True, True], [False, True]]

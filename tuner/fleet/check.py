@@ -227,14 +227,16 @@ def retime(art: Artifact, build_dir: Path, rounds: int, min_seconds: float | Non
     default = build_profile(m["profile"], build_dir=build_dir, quiet=True)
     say(f"re-timing the artifact against the default, {rounds} round(s) interleaved, "
         f"{threads} thread(s)")
-    res = interleave.interleave([art.library, default], probs, threads=[threads],
+    # the default first, as in every comparison: the worker loads it last (a first-loaded
+    # model runs slow, which would hide an artifact's drift)
+    res = interleave.interleave([default, art.library], probs, threads=[threads],
                                 weights_dir=build_dir / "tuner" / "weights", seed=seed,
-                                rounds=(rounds, rounds), min_seconds=secs, verify=[True, False],
+                                rounds=(rounds, rounds), min_seconds=secs, verify=[False, True],
                                 say=say)
     failures = []
     if not res.ok:
         failures.append(f"{res.status} ({res.reason.splitlines()[0] if res.reason else ''})")
-    bad = res.verified[0] if res.verified else None
+    bad = res.verified[1] if res.verified else None
     if bad and bad.get("status") != "ok":
         failures.append(f"artifact {bad.get('problem', '')}: {bad['status']} ({bad.get('reason', '')[:200]})")
     out_rows, drift = [], False
@@ -242,7 +244,7 @@ def retime(art: Artifact, build_dir: Path, rounds: int, min_seconds: float | Non
         from tuner import decide
 
         for name in names:
-            a, d = res.seconds[(name, threads)]
+            d, a = res.seconds[(name, threads)]
             now, dflt = decide._median(a), decide._median(d)
             recorded = (rows.get(name) or {}).get("tuned_s")
             vs_rec = now / recorded if recorded else None
