@@ -178,8 +178,11 @@ class Tuner:
             # one quick value at a time against the default (knobs --space names excepted):
             # most classes then have no more candidates than the race takes, and go to it
             # without a screening pass
-            space = space.one_at_a_time(self.default_for(self.current_shape),
-                                        [k for k in mine if k not in (self.cfg.space_overrides or {})])
+            try:
+                space = space.one_at_a_time(self.default_for(self.current_shape),
+                                            [k for k in mine if k not in (self.cfg.space_overrides or {})])
+            except ValueError:  # no point near the default (a constraint with other knobs)
+                pass            # the product of the quick values, as it is
         return space
 
     def class_applies(self, cls: str, base: dict) -> str | None:
