@@ -273,9 +273,9 @@ def race(t, cls: str, finals: list[dict], baseline: dict,
     if d is None or len(finals) == 1:  # nothing to race against
         return retime_entries(finals, [[[r.median_s] for r in t.cached(k)] for k in finals],
                               baseline, [p.name for p in t.problems]), None
-    # the default first, as in every comparison (worker.Session loads index 0 last): the
-    # first packed model a worker loads runs 1-9% slower, and last in the list the default
-    # took that penalty, so candidates won races by it and the gate then reverted them
+    # the default first, as in every comparison (worker.Session loads index 0 last): last
+    # in the list, the default was the first model loaded, which ran 4-9% slow on one
+    # guest, so candidates won races by it and the gate reverted them
     finals, d = [finals[d], *finals[:d], *finals[d + 1:]], 0
     cfg = t.cfg
     threads = cfg.threads or os.cpu_count() or 1
