@@ -462,7 +462,8 @@ def _session(job: dict) -> None:
     verify = job.get("verify") or [False] * len(libs)
     loaded = {}   # (lib index, problem name) -> (model, pointers, count)
     failed = set()
-    # held to the end of the session: freed, it did nothing (reports/measured/spr-kvm-2c-2026-12-05/session5)
+    # held to the end of the session: freed, it did nothing
+    # (reports/measured/spr-kvm-2c-2026-12-05/session5)
     held = _first_packed_model(libs[-1], job["libs"][-1], probs, job)  # noqa: F841
     for p in probs:
         # the reference (index 0: the default, ab's A) loads last: should any first-load
