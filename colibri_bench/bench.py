@@ -6,9 +6,10 @@ rounds, so every figure is a ratio within one run.
 Interleaving: each group (shape, phase, dtype, threads) is timed in `rounds` rounds;
 a round measures the read bandwidth, then every implementation for `min_seconds`. Every
 Colibri library runs the layer from the same model file (tuner/measure/weights.py's
-ensure_model), mapped in place: they read the same memory, so where the weights sit
-cannot favour one (two copies of one library's layers in separate arenas timed up to
-1.09x apart on identical code).
+ensure_model). Where the layer reads its file in place they read the same memory; where
+it packs the weights at load, each library has an arena of its own, and each group first
+loads a throwaway copy that it holds and never times (held_copy), so that no timed layer
+gets the first-loaded arena's penalty.
 A figure is the median over rounds of each round's median, and a ratio the median
 over rounds of the per-round ratios, so a minute-to-minute swing of this machine's
 bandwidth moves both sides of a ratio together.
@@ -106,6 +107,20 @@ class Mapped:
         self.lib, self.hidden, self.count = self.model._lib, self.model.hidden, self.model.n_layers
         self.ptrs = ffi.new("colibri_layer *[]", [self.lib.colibri_model_layer(self.model._handle, i)
                                                   for i in range(self.count)])
+
+
+def held_copy(path, lib_path) -> Mapped | None:
+    """A throwaway copy of the model file at `path`, loaded before a group's timed layers
+    and held, never timed, to the group's end (None where the layers are read in place
+    from the file: nothing is allocated). The first packed model a process allocates,
+    and on this bench the first after a group's models were freed, ran 4-9% slower than
+    its twins for as long as it lived (tuner.measure.worker._first_packed_model has the
+    figures): without the copy, that fell on whichever implementation loaded first."""
+    m = Mapped(path, lib_path)
+    if m.model.layer_page_kind(0) == "file":
+        m.model.close()
+        return None
+    return m
 
 
 def kernel_code(libs: dict, path, dtype: str) -> dict:
@@ -500,10 +515,10 @@ class Beside:
     group: timed in the same rounds (colibri_bench_layers, as the group's own layers), so a
     ratio between two dtypes does not take in this machine's swings from one group to the
     next (two dtypes timed in groups of their own moved their ratio by +-3% between runs).
-    Their layers still sit in arenas of their own, and where an arena lands moves its speed
-    (identical code in two arenas timed up to 1.09x apart; int4 beside int4g32 measured
-    1.155-1.175, int4g32 beside int4 1.006-1.046 on Qwen3 decode, 2026-12-05): run both
-    orders and take both into account."""
+    Their layers sit in arenas of their own, loaded after the group's held copy
+    (held_copy): before it, the peer loaded first and carried the first-load penalty (int4
+    beside int4g32 measured 1.155-1.175, int4g32 beside int4 1.006-1.046 on Qwen3 decode,
+    2026-12-05)."""
 
     def __init__(self, path, lib_path):
         self.layers = Mapped(path, lib_path)
@@ -562,6 +577,7 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                     # the f32 weights the peers run are >= 4x the LLC for every reference shape
                     copies = resident_copies(p.layer_bytes, llc)
                     path = weights.ensure_model(wdir, p, seed, copies, progress=say)
+                    held = held_copy(path, libs["colibri-default"])
                     dtype_peers, own = peer_fns, {}
                     gl = ggml_so and ggml_peer(ggml_so, p32, w32, dtype, copies, xs[0], ref,
                                                max(threads_list), ggml_info, say)
@@ -612,7 +628,7 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                                      and r["impl"] == "colibri-default")
                             say(f"bench: {p.name} at {threads} thread(s): {beside} time / {dtype} time "
                                 f"{r['vs'][f'colibri-{beside}']:.3f} (the same rounds)")
-                    del gl, dtype_peers  # ggml's copy of the weights goes before the next dtype's
+                    del gl, dtype_peers, held  # ggml's copy of the weights goes before the next dtype's
             p = problems_mod.problem(f"{shape}/prefill{ROUTE_T}/f32")
             t_route = time_route(lib, p, ROUTE_T, min_seconds)
             layer_rows = [r for r in rows if r["case"] == p.name and r["impl"] == "colibri-default"]

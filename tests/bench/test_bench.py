@@ -257,3 +257,35 @@ def test_another_dtype_beside_a_group_is_timed_in_its_rounds(tmp_path):
     assert c["vs"]["colibri-int4g32"] == pytest.approx(
         bench._median([x / y for x, y in zip(b["round_seconds"], c["round_seconds"])]))
     assert any("int4g32 time / int4 time" in m and "(the same rounds)" in m for m in said), said
+
+
+def test_each_group_holds_a_throwaway_copy_loaded_before_its_timed_layers(tmp_path, monkeypatch):
+    from colibri_bench import bench
+
+    events, real_mapped, real_held = [], bench.Mapped, bench.held_copy
+
+    class Logged(real_mapped):
+        def __init__(self, path, lib_path):
+            events.append(("load", Path(path).name))
+            super().__init__(path, lib_path)
+
+    def held(path, lib_path):
+        events.append(("held", Path(path).name))
+        m = real_held(path, lib_path)
+        if m is not None:
+            events.append(("kept", m.model.layer_page_kind(0)))
+        return m
+
+    monkeypatch.setattr(bench, "Mapped", Logged)
+    monkeypatch.setattr(bench, "held_copy", held)
+    bench.run_bench(["tiny"], ["f32", "int4"], ["decode"], [1], 0.02, rounds=1, peers=(),
+                    say=lambda *_: None, beside="int4g32")
+    # per dtype group, the held copy is the group's first load; the packed model is kept
+    # (int4 is packed at load), the f32 one is read in place from its file and not held
+    starts = [i for i, e in enumerate(events) if e[0] == "held"]
+    assert len(starts) == 2
+    for i in starts:
+        assert events[i + 1][0] == "load" and events[i + 1][1] == events[i][1]
+    assert events[starts[0] + 2][0] == "load"  # f32: nothing kept
+    assert events[starts[1] + 2] == ("kept", "normal")
+    assert all(e[0] == "load" for e in events[starts[1] + 3:])
