@@ -31,10 +31,16 @@ PARTS = render.DOMAIN_DTYPES   # f32, bf16, int8, int4: the kernel parts, one pe
 HOSTED = {"int4g32": "int4"}
 
 
-# The weight dtype the tuner times a part's knobs on, where the part serves several: the
-# int4 part's knobs (rows, gemm, packed layout and decode) all reach the older int4g32
-# format, while int4's own kernels run only packed decode and prefill, on few of them.
-TIMED_DTYPE = {"int4": "int4g32"}
+# The weight dtype the tuner times a (part, path) cell on, where the part serves several
+# (default: the part's own name): int4, the format the tools write, runs its own packed
+# kernels on the int4 part's decode and prefill knobs, so those are timed on it; only the
+# older int4g32 reaches the part's gemm path. int4g32's row-layout knobs are then timed on
+# no problem where a build packs int4 (FIXED_LAYOUT): such a build tunes int4 for int4.
+TIMED_DTYPE = {("int4", "gemm"): "int4g32"}
+# Weight dtypes held in one layout wherever their part's packed layout can be built (the
+# capability its layout_<part> knob needs), whatever that knob says: the knob sets the
+# layout of the part's other dtypes. int4 is packed at load wherever there is an int dot.
+FIXED_LAYOUT = {"int4": "interleaved"}
 
 
 def part_of(dtype: str) -> str:
@@ -42,9 +48,15 @@ def part_of(dtype: str) -> str:
     return HOSTED.get(dtype, dtype)
 
 
-def timed_dtype(part: str) -> str:
-    """The weight dtype whose problems measure `part`'s knobs (TIMED_DTYPE)."""
-    return TIMED_DTYPE.get(part, part)
+def timed_dtype(part: str, path: str) -> str:
+    """The weight dtype whose problems measure `part`'s knobs on kernel path `path`
+    (TIMED_DTYPE)."""
+    return TIMED_DTYPE.get((part, path), part)
+
+
+def hosted_dtypes(part: str) -> tuple[str, ...]:
+    """The weight dtypes `part`'s kernels serve: its own, then those it hosts (HOSTED)."""
+    return (part, *(d for d, p in HOSTED.items() if p == part))
 PLACEHOLDER = "CBK_PART_SYMBOL"  # the template's part_symbol while its text is hashed
 INDEX_NAME = "index.json"
 

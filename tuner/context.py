@@ -194,10 +194,10 @@ class Tuner:
         if dom.isas and base.get("isa") not in dom.isas:
             return f"its knobs change only isa {', '.join(dom.isas)} code (this run: isa {base.get('isa')})"
         if dom.layout:
-            held = {d: self.layout_of(d, base) for d in dom.dtypes}
-            if all(v != dom.layout for v in held.values()):
+            held = {d: self.layouts_of(d, base) for d in dom.dtypes}
+            if all(dom.layout not in v for v in held.values()):
                 return (f"its knobs change only the {dom.layout} layout's kernels, and this build holds "
-                        + ", ".join(f"{d} {v}" for d, v in held.items()))
+                        + ", ".join(f"{d} {'/'.join(sorted(v))}" for d, v in held.items()))
         if dom.needs:
             if self.macros is None:
                 self.macros = predefined_macros(self.resolved.compiler.path,
@@ -219,7 +219,7 @@ class Tuner:
             if self._domain_excludes(dom, base):
                 continue
             cells |= {(p, d) for p, d in dom.cells()
-                      if not dom.layout or self.layout_of(d, base) == dom.layout}
+                      if not dom.layout or dom.layout in self.layouts_of(d, base, p)}
         return cells
 
     @property
@@ -228,14 +228,17 @@ class Tuner:
         knob = self.spec.knobs.get("amx_bf16")
         return knob is not None and self._domain_excludes(knob.domain, self.default) is None
 
-    def layout_of(self, dtype: str, base: dict) -> str:
-        """The layout `dtype`'s matrices are held in under `base`: its layout knob's value
-        where that knob changes this build's code (a packed layout needs its capability),
-        else rows."""
-        knob = self.spec.knobs.get(f"layout_{dtype}")
+    def layouts_of(self, part: str, base: dict, path: str | None = None) -> set[str]:
+        """The layouts part's matrices are held in under `base`, on kernel path `path` in
+        the weight dtype the run times there (parts.timed_dtype), or without a path in any
+        dtype the part serves: where the part's layout knob changes this build's code (a
+        packed layout needs its capability), that knob's value, or the dtype's fixed
+        layout (parts.FIXED_LAYOUT: int4 is packed whatever layout_int4 says); else rows."""
+        knob = self.spec.knobs.get(f"layout_{part}")
         if knob is None or self._domain_excludes(knob.domain, base):
-            return "rows"
-        return base.get(knob.name, knob.default)
+            return {"rows"}
+        dtypes = (parts.timed_dtype(part, path),) if path else parts.hosted_dtypes(part)
+        return {parts.FIXED_LAYOUT.get(d) or base.get(knob.name, knob.default) for d in dtypes}
 
     # ----------------------------------------------------------- measuring
     def cached(self, knobs: dict):

@@ -33,9 +33,9 @@ from tuner.build import codehash, variants
 from tuner.build.signature import variant_id
 from tuner.measure import interleave, problems as problems_mod
 
-# every weight dtype a user can run: the int4 part's knobs are timed on int4g32
-# (colibri_build.parts.timed_dtype), and the gate checks int4's own kernels too, the format
-# `colibri convert` writes
+# every weight dtype a user can run: the class search times the int4 part on int4 and its
+# gemm knobs on int4g32 (colibri_build.parts.timed_dtype); the gate checks both formats on
+# every path
 DTYPES = quant.DTYPES
 
 PHASES = ("decode", "prefill128", "prefill512")

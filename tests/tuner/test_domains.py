@@ -168,10 +168,28 @@ def test_knobs_of_one_layouts_kernels_are_not_tuned_where_their_dtypes_are_held_
     # rows serves f32, bf16 and int8 too: excluded only once all of them are packed
     assert t._domain_excludes(SPEC.knobs["rows"].domain, base) is None
     rows = dict(base, layout_int4="rows")
-    assert t._domain_excludes(SPEC.knobs["rows_int4"].domain, rows) is None
-    assert "interleaved layout" in t._domain_excludes(SPEC.knobs["vec_prefetch_int4"].domain, rows)
+    assert t._domain_excludes(SPEC.knobs["rows_int4"].domain, rows) is None  # int4g32's rows
+    # int4 is packed wherever there is an int dot, whatever layout_int4 says
+    # (parts.FIXED_LAYOUT), and decode is timed on int4 (parts.timed_dtype): the packed
+    # decode knob reaches it; the row knobs reach no dtype decode is timed on
+    assert t._domain_excludes(SPEC.knobs["vec_prefetch_int4"].domain, rows) is None
+    t.__class__ = type("Split", (Tuner,), {"classes": {"packed": ("vec_prefetch_int4",),
+                                                         "row": ("rows_int4", "prefetch_int4")}})
+    assert t.live_cells("packed", rows) == {("decode", "int4")}
+    assert t.live_cells("row", rows) == set()
     t.macros = frozenset({"__AVX512F__"})  # no VNNI: layout_int4 cannot pack here
     assert t._domain_excludes(SPEC.knobs["rows_int4"].domain, base) is None
+    assert t.live_cells("row", base) == {("decode", "int4")}
+    assert "interleaved layout" in t._domain_excludes(SPEC.knobs["vec_prefetch_int4"].domain, base)
+
+
+def test_the_int4_part_is_timed_on_int4_but_on_the_gemm_path():
+    # int4, the format the tools write, runs its own kernels on the part's decode and prefill
+    # knobs; only int4g32 reaches the part's gemm
+    assert problems.covering("qwen3-30b-a3b", [("decode", "int4"), ("prefill", "int4"), ("gemm", "int4"),
+                                               ("gemm", "int8")]) == (
+        "qwen3-30b-a3b/decode/int4", "qwen3-30b-a3b/prefill128/int4", "qwen3-30b-a3b/prefill512/int4g32",
+        "qwen3-30b-a3b/prefill512/int8")
 
 
 def test_packed_bf16_runs_the_gemm_path_where_amx_tiles_read_its_blocks():
