@@ -510,6 +510,27 @@ def ggml_peer(so, p32, w32, dtype, copies, x, ref, threads, info, say):
     return layer
 
 
+def beside_name(lib_name: str, dtype: str) -> str:
+    """The row name of library `lib_name`'s layer in weight dtype `dtype` beside a group:
+    colibri-DTYPE for the default build, colibri-tuned-DTYPE for the tuned library."""
+    return f"colibri-{dtype}" if lib_name == "colibri-default" else f"{lib_name}-{dtype}"
+
+
+def beside_ratios(rows, case: str, threads: int, dtype: str, tuned: bool) -> str:
+    """'1.080 default, 1.090 tuned': per library, the median ratio of its `dtype` layer's
+    time to its own layer's in the group's rounds (each row's "vs"). A tuned library that
+    runs the default's code in either dtype was not timed in it, and is named so."""
+    out = []
+    for name in ("colibri-default", "colibri-tuned"):
+        r = next((r for r in rows if r["case"] == case and r["threads"] == threads and r["impl"] == name), None)
+        v = r["vs"].get(beside_name(name, dtype)) if r else None
+        if v is not None:
+            out.append(f"{v:.3f} {name.removeprefix('colibri-')}")
+    if tuned and len(out) < 2:
+        out.append("tuned: the default's code in one of the two")
+    return ", ".join(out)
+
+
 class Beside:
     """The default library on the same shape and phase in another weight dtype, as a peer of a
     group: timed in the same rounds (colibri_bench_layers, as the group's own layers), so a
@@ -588,9 +609,13 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                         pb = problems_mod.problem(f"{shape}/{phase}/{beside}")
                         pb_path = weights.ensure_model(wdir, pb, seed, resident_copies(pb.layer_bytes, llc),
                                                        progress=say)
-                        name_b = f"colibri-{beside}"
-                        dtype_peers = dict(dtype_peers, **{name_b: Beside(pb_path, libs["colibri-default"])})
-                        own = dict(own, **{name_b: {"weights": beside, "decode_bytes": pb.decode_bytes}})
+                        # the tuned library too, where it runs other code than the default's
+                        # in that dtype (same_code): two tuned libraries' formats compared
+                        same_b = len(libs) > 1 and same_code(kernel_code(libs, pb_path, beside))
+                        for name in (["colibri-default"] if same_b and not time_same else libs):
+                            name_b = beside_name(name, beside)
+                            dtype_peers = dict(dtype_peers, **{name_b: Beside(pb_path, libs[name])})
+                            own = dict(own, **{name_b: {"weights": beside, "decode_bytes": pb.decode_bytes}})
                     build = lambda name, path=path: Mapped(path, libs[name])  # noqa: E731
                     code = kernel_code(libs, path, dtype)
                     same = len(libs) > 1 and same_code(code)
@@ -624,10 +649,8 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                                 say(_fmt_same(r))
                     if beside and beside != dtype:
                         for threads in threads_list:
-                            r = next(r for r in rows if r["case"] == p.name and r["threads"] == threads
-                                     and r["impl"] == "colibri-default")
                             say(f"bench: {p.name} at {threads} thread(s): {beside} time / {dtype} time "
-                                f"{r['vs'][f'colibri-{beside}']:.3f} (the same rounds)")
+                                + beside_ratios(rows, p.name, threads, beside, len(libs) > 1) + " (the same rounds)")
                     del gl, dtype_peers, held  # ggml's copy of the weights goes before the next dtype's
             p = problems_mod.problem(f"{shape}/prefill{ROUTE_T}/f32")
             t_route = time_route(lib, p, ROUTE_T, min_seconds)
@@ -760,7 +783,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
     ap.add_argument("--beside", metavar="DTYPE", choices=list(quant.DTYPES),
                     help="also time the default library in this weight dtype in every other dtype's "
-                         "rounds (a row colibri-DTYPE, and each row's \"vs\" ratios): two formats "
+                         "rounds (a row colibri-DTYPE, and each row's \"vs\" ratios), and the tuned "
+                         "library where it runs other code (colibri-tuned-DTYPE): two formats "
                          "compared in the same rounds, e.g. --dtype int4 --beside int4g32")
     ap.add_argument("--ggml", metavar="DIR",
                     help="also time ggml (llama.cpp's CPU backend) from this checkout of "

@@ -289,3 +289,17 @@ def test_each_group_holds_a_throwaway_copy_loaded_before_its_timed_layers(tmp_pa
     assert events[starts[0] + 2][0] == "load"  # f32: nothing kept
     assert events[starts[1] + 2] == ("kept", "normal")
     assert all(e[0] == "load" for e in events[starts[1] + 3:])
+
+
+def test_beside_ratios_name_each_librarys_own_pair():
+    from colibri_bench.bench import beside_name, beside_ratios
+
+    assert beside_name("colibri-default", "int4g32") == "colibri-int4g32"
+    assert beside_name("colibri-tuned", "int4g32") == "colibri-tuned-int4g32"
+    row = lambda impl, vs: {"case": "c", "threads": 2, "impl": impl, "vs": vs}  # noqa: E731
+    rows = [row("colibri-default", {"colibri-int4g32": 1.08, "colibri-tuned-int4g32": 1.2}),
+            row("colibri-tuned", {"colibri-tuned-int4g32": 1.09, "colibri-int4g32": 1.0})]
+    assert beside_ratios(rows, "c", 2, "int4g32", tuned=True) == "1.080 default, 1.090 tuned"
+    assert beside_ratios(rows[:1], "c", 2, "int4g32", tuned=False) == "1.080 default"
+    assert beside_ratios(rows[:1], "c", 2, "int4g32", tuned=True) == (
+        "1.080 default, tuned: the default's code in one of the two")
