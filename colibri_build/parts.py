@@ -34,8 +34,10 @@ HOSTED = {"int4g32": "int4"}
 # The weight dtype the tuner times a (part, path) cell on, where the part serves several
 # (default: the part's own name): int4, the format the tools write, runs its own packed
 # kernels on the int4 part's decode and prefill knobs, so those are timed on it; only the
-# older int4g32 reaches the part's gemm path. int4g32's row-layout knobs are then timed on
-# no problem where a build packs int4 (FIXED_LAYOUT): such a build tunes int4 for int4.
+# older int4g32 reaches the part's gemm path, and so the knobs that choose it (a class whose
+# domain holds the gemm path is timed there on every path; isa, which changes every path,
+# goes with them, timed on both formats alike). int4g32's row-layout knobs are then timed
+# on no problem where a build packs int4 (FIXED_LAYOUT).
 TIMED_DTYPE = {("int4", "gemm"): "int4g32"}
 # Weight dtypes held in one layout wherever their part's packed layout can be built (the
 # capability its layout_<part> knob needs), whatever that knob says: the knob sets the
@@ -48,10 +50,10 @@ def part_of(dtype: str) -> str:
     return HOSTED.get(dtype, dtype)
 
 
-def timed_dtype(part: str, path: str) -> str:
-    """The weight dtype whose problems measure `part`'s knobs on kernel path `path`
-    (TIMED_DTYPE)."""
-    return TIMED_DTYPE.get((part, path), part)
+def timed_dtype(part: str, path: str, class_paths=()) -> str:
+    """The weight dtype whose problems measure `part`'s knobs on kernel path `path`, for a
+    class whose domain has `class_paths` (TIMED_DTYPE)."""
+    return TIMED_DTYPE.get((part, "gemm" if "gemm" in class_paths else path), part)
 
 
 def hosted_dtypes(part: str) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from colibri import quant
 from colibri_build import hostid, parts, profiles, render, shapes
 from tuner.build import codehash, variants
 from tuner.build.signature import BuildIdentity, variant_id
@@ -44,11 +45,27 @@ def in_class(spec, p, cls: str, knobs=None, amx: bool = False) -> bool:
     return spec.class_domain(cls).covers(problems_mod.path_of(p, knobs, amx), p.part)
 
 
+def timed_dtype(spec, cls: str, path: str, part: str) -> str:
+    """The weight dtype class cls is timed on in its (path, part) cell
+    (colibri_build.parts.timed_dtype)."""
+    return parts.timed_dtype(part, path, spec.class_domain(cls).paths)
+
+
+def timed_problems(spec, cls: str, probs: list, cell) -> list:
+    """Of class cls's problems, those it is timed on: where the run covers a (path, part)
+    cell (cell(p)) in the dtype the class is timed on there (timed_dtype), that dtype's
+    only (the int4 part: int4 or int4g32); a cell covered only in another dtype (problems a
+    user named) keeps its problems."""
+    timed = {cell(p) for p in probs if p.dtype == timed_dtype(spec, cls, *cell(p))}
+    return [p for p in probs if cell(p) not in timed or p.dtype == timed_dtype(spec, cls, *cell(p))]
+
+
 def default_problems(spec, shape: str = problems_mod.DEFAULT_SHAPE) -> tuple[str, ...]:
     """The problems of `shape` that cover every class's domain: each (path, dtype) cell any
-    knob changes, once."""
-    cells = {cell for cls in spec.classes() for cell in spec.class_domain(cls).cells()}
-    ordered = [(p, d) for p in render.PATHS for d in render.DOMAIN_DTYPES if (p, d) in cells]
+    knob changes, once, in the weight dtype that class is timed on there."""
+    cells = {(p, timed_dtype(spec, cls, p, d)) for cls in spec.classes()
+             for p, d in spec.class_domain(cls).cells()}
+    ordered = [(p, d) for p in render.PATHS for d in quant.DTYPES if (p, d) in cells]
     return problems_mod.covering(shape, ordered)
 
 
@@ -214,12 +231,13 @@ class Tuner:
         that runs under `base`: a knob whose flags or isa exclude it has none, and one of a
         layout's kernels only the dtypes held in that layout."""
         cells = set()
+        paths = {p for name in self.classes[cls] for p in self.spec.knobs[name].domain.paths}
         for name in self.classes[cls]:
             dom = self.spec.knobs[name].domain
             if self._domain_excludes(dom, base):
                 continue
             cells |= {(p, d) for p, d in dom.cells()
-                      if not dom.layout or dom.layout in self.layouts_of(d, base, p)}
+                      if not dom.layout or dom.layout in self.layouts_of(d, base, parts.timed_dtype(d, p, paths))}
         return cells
 
     @property
@@ -228,16 +246,16 @@ class Tuner:
         knob = self.spec.knobs.get("amx_bf16")
         return knob is not None and self._domain_excludes(knob.domain, self.default) is None
 
-    def layouts_of(self, part: str, base: dict, path: str | None = None) -> set[str]:
-        """The layouts part's matrices are held in under `base`, on kernel path `path` in
-        the weight dtype the run times there (parts.timed_dtype), or without a path in any
-        dtype the part serves: where the part's layout knob changes this build's code (a
-        packed layout needs its capability), that knob's value, or the dtype's fixed
-        layout (parts.FIXED_LAYOUT: int4 is packed whatever layout_int4 says); else rows."""
+    def layouts_of(self, part: str, base: dict, dtype: str | None = None) -> set[str]:
+        """The layouts part's matrices are held in under `base`, in weight dtype `dtype`
+        or in any dtype the part serves: where the part's layout knob changes this build's
+        code (a packed layout needs its capability), that knob's value, or the dtype's
+        fixed layout (parts.FIXED_LAYOUT: int4 is packed whatever layout_int4 says); else
+        rows."""
         knob = self.spec.knobs.get(f"layout_{part}")
         if knob is None or self._domain_excludes(knob.domain, base):
             return {"rows"}
-        dtypes = (parts.timed_dtype(part, path),) if path else parts.hosted_dtypes(part)
+        dtypes = (dtype,) if dtype else parts.hosted_dtypes(part)
         return {parts.FIXED_LAYOUT.get(d) or base.get(knob.name, knob.default) for d in dtypes}
 
     # ----------------------------------------------------------- measuring

@@ -20,7 +20,7 @@ from colibri_build import hostid, render, shapes
 from colibri_build.paths import build_dir_default, reports_dir_default
 from tuner import classes as classes_mod, summary as summary_mod
 from tuner.build.signature import variant_id
-from tuner.context import (KERNEL, Tuner, _current, default_problems, in_class,  # noqa: F401
+from tuner.context import (KERNEL, Tuner, _current, default_problems, in_class, timed_problems,  # noqa: F401
                            load_warning, predefined_macros)
 from tuner.measure import interleave
 from tuner.measure import problems as problems_mod
@@ -77,8 +77,9 @@ def class_plan(t: Tuner, cls: str, probs: list, base: dict) -> tuple[list, str |
     """Class `cls` of the shape class being tuned (t.current_shape) under `base`: (its
     problems among `probs`, why it is not tuned or None, its live cells)."""
     live = t.live_cells(cls, base)
-    mine = [p for p in probs if in_class(t.spec, p, cls, base, t.amx)
-            and (problems_mod.path_of(p, base, t.amx), p.part) in live]
+    cell = lambda p: (problems_mod.path_of(p, base, t.amx), p.part)  # noqa: E731
+    mine = timed_problems(t.spec, cls, [p for p in probs if in_class(t.spec, p, cls, base, t.amx)
+                                        and cell(p) in live], cell)
     why = t.class_applies(cls, base) or (
         "its knobs change no code that runs in this build (the weight layouts it holds)" if not live
         else "no problem of this run lies in its domain" if not mine else None)

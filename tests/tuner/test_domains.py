@@ -183,22 +183,28 @@ def test_knobs_of_one_layouts_kernels_are_not_tuned_where_their_dtypes_are_held_
     assert "interleaved layout" in t._domain_excludes(SPEC.knobs["vec_prefetch_int4"].domain, base)
 
 
-def test_the_int4_part_is_timed_on_int4_but_on_the_gemm_path():
+def test_the_int4_part_is_timed_on_int4_but_where_its_knobs_reach_the_gemm():
     # int4, the format the tools write, runs its own kernels on the part's decode and prefill
-    # knobs; only int4g32 reaches the part's gemm
-    assert problems.covering("qwen3-30b-a3b", [("decode", "int4"), ("prefill", "int4"), ("gemm", "int4"),
-                                               ("gemm", "int8")]) == (
-        "qwen3-30b-a3b/decode/int4", "qwen3-30b-a3b/prefill128/int4", "qwen3-30b-a3b/prefill512/int4g32",
-        "qwen3-30b-a3b/prefill512/int8")
+    # knobs; only int4g32 reaches the part's gemm, and so the knobs choosing it
+    from tuner.context import default_problems, timed_dtype
+
+    assert timed_dtype(SPEC, "decode_int4", "decode", "int4") == "int4"
+    assert timed_dtype(SPEC, "prefill", "prefill", "int4") == "int4"
+    assert timed_dtype(SPEC, "gemm_threshold_int4", "prefill", "int4") == "int4g32"
+    assert timed_dtype(SPEC, "igemm", "gemm", "int4") == "int4g32"
+    assert timed_dtype(SPEC, "gemm_threshold_int8", "prefill", "int8") == "int8"
+    names = default_problems(SPEC)
+    assert {"qwen3-30b-a3b/decode/int4", "qwen3-30b-a3b/prefill128/int4", "qwen3-30b-a3b/prefill128/int4g32",
+            "qwen3-30b-a3b/prefill512/int4g32"} <= set(names)
+    assert "qwen3-30b-a3b/prefill512/int4" not in names  # int4 has no gemm path to tune
 
 
-def test_packed_bf16_runs_the_gemm_path_where_amx_tiles_read_its_blocks():
-    # qwen3 prefill512: 32 tokens per expert; packed bf16 on AMX tiles from gemm_min_tokens
-    # (amx_packed.j2), on the weight-as-vector kernels without tiles or with amx_bf16=0
-    p = problems.problem("qwen3-30b-a3b/prefill512/bf16")
-    packed = {"layout_bf16": "interleaved", "amx_bf16": 1, "gemm_min_tokens_bf16": 16}
-    assert problems.path_of(p, packed, amx=True) == "gemm"
-    assert problems.path_of(p, packed) == "prefill"
-    assert problems.path_of(p, {**packed, "amx_bf16": 0}, amx=True) == "prefill"
-    assert run.in_class(SPEC, p, "amx", packed, amx=True)
-    assert not run.in_class(SPEC, p, "prefill", packed, amx=True)
+def test_a_class_is_timed_on_its_dtype_where_the_run_covers_the_cell_in_it():
+    from tuner.context import timed_problems
+
+    cell = lambda p: (problems.path_of(p), p.part)  # noqa: E731
+    both = [problems.problem(f"qwen3-30b-a3b/prefill128/{d}") for d in ("int4g32", "int4", "int8")]
+    assert [p.dtype for p in timed_problems(SPEC, "prefill", both, cell)] == ["int4", "int8"]
+    assert [p.dtype for p in timed_problems(SPEC, "gemm_threshold_int4", both, cell)] == ["int4g32", "int8"]
+    # a user who names int4g32 alone has it timed
+    assert [p.dtype for p in timed_problems(SPEC, "prefill", both[:1], cell)] == ["int4g32"]

@@ -185,8 +185,5 @@ def path_phase(shape: str, path: str) -> str:
 
 
 def covering(shape: str, cells) -> tuple[str, ...]:
-    """Problem names of `shape` that cover (path, part) cells, in the cells' order: each
-    part in the weight dtype the tuner times it on (colibri_build.parts.timed_dtype)."""
-    from colibri_build.parts import timed_dtype
-    return tuple(dict.fromkeys(f"{shape}/{path_phase(shape, path)}/{timed_dtype(part, path)}"
-                               for path, part in cells))
+    """Problem names of `shape` that cover (path, weight dtype) cells, in the cells' order."""
+    return tuple(dict.fromkeys(f"{shape}/{path_phase(shape, path)}/{dtype}" for path, dtype in cells))
