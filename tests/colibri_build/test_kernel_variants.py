@@ -111,6 +111,8 @@ def _knobs(corner):
     k["prefill_kc_f32"] = (128, 256, 1024, 4096)[(i + 2) % 4]
     k["prefill_run_float"] = (32, 64, 128, 256)[(i + 1) % 4]
     k["layout_f32"] = "interleaved" if i % 3 != 0 else "rows"
+    k["vec_prefetch_bf16"] = (0, 2048, 4096, 8192)[(i + 1) % 4]
+    k["vec_prefetch_f32"] = (0, 2048, 4096, 8192)[(i + 3) % 4]
     return k
 
 
@@ -259,7 +261,8 @@ def test_corners_cover_every_knob_value():
     pbf = [_knobs(c) for c in CORNERS if c[1] in ("x86-64-v3", "icelake-server", "x86-64-v4", "zen4", "zen5")]
     for dt in ("f32", "bf16"):
         assert {k[f"layout_{dt}"] for k in pbf} == set(spec.knobs[f"layout_{dt}"].values)
-        for name in ("vec_rows_float", "prefill_vec_rows_float", f"prefill_kc_{dt}", "prefill_run_float"):
+        for name in ("vec_rows_float", "prefill_vec_rows_float", f"prefill_kc_{dt}", "prefill_run_float",
+                     f"vec_prefetch_{dt}"):
             assert {k[name] for k in pbf if k[f"layout_{dt}"] == "interleaved"} == set(spec.knobs[name].values), (dt, name)
     for c in CORNERS:
         render.validate_knobs(spec, _knobs(c))

@@ -53,7 +53,8 @@ def packed_lib(tmp_path_factory):
     cfg = render.write_config_h(d / "config.h", {"layout_int8": "interleaved", "layout_int4": "interleaved",
                                                    "layout_bf16": "interleaved", "layout_f32": "interleaved",
                                                    "vec_rows": 2, "vec_rows_float": 2,
-                                                   "vec_prefetch_int8": PF, "vec_prefetch_int4": PF},
+                                                   "vec_prefetch_int8": PF, "vec_prefetch_int4": PF,
+                                                   "vec_prefetch_f32": PF, "vec_prefetch_bf16": PF},
                                 signature="0", profile=name)
     return build_profile(name, config=cfg, build_dir=d / "build", quiet=True), prof
 
