@@ -1,9 +1,9 @@
 """The AMX kernels on the emulated tile unit (profile sapphirerapids-amx-emulated): every
 weight dtype at the token counts around the tile edges (1, 5, 16, 17, 64, 300) with a shared
-expert and dynamic k, bf16 both packed (the profile's layout: the blocks are B tiles) and in
-rows; int8 on tiles against the dot-product gemm, bit for bit; and a mutation check: the
-same kernels with a wrong tile stride must fail, or the corners that pass on the emulator
-would prove nothing."""
+expert and dynamic k, bf16 and int8 both packed (the profile's layouts: the blocks are B
+tiles) and in rows; the int tiles against the dot-product kernels, bit for bit; and a
+mutation check: the same kernels with a wrong tile stride must fail, or the corners that
+pass on the emulator would prove nothing."""
 import os
 import shutil
 import subprocess
@@ -25,9 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 DTYPES = ("f32", "bf16", "int8", "int4g32", "int4")
 TOKENS = (1, 5, 16, 17, 64, 300)
 # the weight tile loads: amx.j2's A tiles (rows AM_KC bf16 apart), amx_int.j2's (rows s0 bytes
-# apart) and amx_packed.j2's B tiles (the packed block's k-pairs, 64 bytes apart)
+# apart), amx_packed.j2's and amx_int_packed.j2's B tiles (the packed block's k-pairs and
+# 4-k words, 64 bytes apart)
 STRIDES = {"amx.j2": "AM_KC * 2);", "amx_int.j2": "CB_TILE_LOADD(4, w0 + g * 32, s0);",
-           "amx_packed.j2": "CB_TILE_LOADD({{ 6 + b }}, w{{ b }} + (size_t)s * 512, 64);"}
+           "amx_packed.j2": "CB_TILE_LOADD({{ 6 + b }}, w{{ b }} + (size_t)s * 512, 64);",
+           "amx_int_packed.j2": "CB_TILE_LOADD({{ 6 + b }}, w{{ b }} + (size_t)g * 512, 64);"}
 
 
 @pytest.fixture(scope="module")
@@ -72,17 +74,30 @@ def _failures(lib, case, dtypes=DTYPES, tokens=TOKENS):
 
 @pytest.fixture(scope="module")
 def emulated_lib(runs_here, tmp_path_factory):
-    """The profile's defaults: f32, int8 and int4g32 (row layouts) and bf16 (packed) take the tiles."""
+    """The profile's defaults: f32 and int4g32 (row layouts), bf16 and int8 (packed) take the tiles."""
     return build_profile(EMULATED, build_dir=tmp_path_factory.mktemp("amxemu"), quiet=True)
 
 
 @pytest.fixture(scope="module")
 def other_lib(runs_here, tmp_path_factory):
-    """The int tiles off (their dot-product gemm) and bf16 in its row layout (amx.j2's tiles)."""
+    """The int tiles off (int8 packed: the packed kernels; int4g32: the dot-product gemm) and
+    bf16 in its row layout (amx.j2's tiles)."""
     cfg = render.write_config_h(tmp_path_factory.mktemp("cfg") / "other.h",
                                 {"amx_int8": 0, "amx_int4": 0, "layout_bf16": "rows"},
                                 signature="0", profile=EMULATED)
     return build_profile(EMULATED, config=cfg, build_dir=tmp_path_factory.mktemp("amxother"), quiet=True)
+
+
+@pytest.fixture(scope="module")
+def rows_lib(runs_here, tmp_path_factory):
+    """int8 in its row layout on the tiles (amx_int.j2), and off them (the dot-product gemm)."""
+    libs = []
+    for amx in (1, 0):
+        cfg = render.write_config_h(tmp_path_factory.mktemp("cfg") / f"rows{amx}.h",
+                                    {"amx_int8": amx, "layout_int8": "rows"}, signature="0", profile=EMULATED)
+        libs.append(build_profile(EMULATED, config=cfg, build_dir=tmp_path_factory.mktemp(f"amxrows{amx}"),
+                                  quiet=True))
+    return libs
 
 
 def test_every_dtype_is_right_on_the_emulated_tiles(emulated_lib, case):
@@ -131,17 +146,34 @@ def test_activations_exact_in_bf16_skip_the_lo_products(emulated_lib, dtype, sha
     assert share * done["f32"] < done["bf16-exact"] < 0.95 * done["f32"], done
 
 
-@pytest.mark.parametrize("dtype", ["int8", "int4g32"])
-def test_int_on_tiles_gives_the_dot_product_gemms_bits(emulated_lib, other_lib, case, dtype):
-    """amx_int8 / amx_int4 sum each group in int32 and scale it in igemm.j2's order: the same
-    bits as the dot-product gemm."""
-    off = other_lib
+@pytest.mark.parametrize("dtype, layout", [("int8", "interleaved"), ("int8", "rows"), ("int4g32", "rows")])
+def test_int_on_tiles_gives_the_dot_product_kernels_bits(emulated_lib, other_lib, rows_lib, case, dtype,
+                                                         layout):
+    """amx_int8 / amx_int4 sum each group in int32 and scale it in the dot-product kernels'
+    order: the same bits as those kernels (the row layout: the dot-product gemm; packed int8:
+    the packed kernels), and the tiles ran (the unit counts their products)."""
+    on, off = (emulated_lib, other_lib) if dtype != "int8" or layout == "interleaved" else rows_lib
+    count = _products(on)
     for c in (case, make_case(H=300, I=301, E=2, k=1, S=129, seed=3)):
         on_layer, off_layer = (colibri.MoELayer(c.router, c.gate, c.up, c.down, weight_dtype=dtype,
-                                                lib=lib, **c.layer_kwargs()) for lib in (emulated_lib, off))
+                                                lib=lib, **c.layer_kwargs()) for lib in (on, off))
         for T in (16, 17, 64, 300):
             x = c.inputs(T, seed=T)
+            before = count()
             assert np.array_equal(on_layer(x), off_layer(x)), f"T={T}"
+            if T == 300:
+                assert count() > before, f"T={T}: no tile products"
+
+
+def test_packed_int8_on_tiles_gives_the_same_bits_at_every_thread_count(emulated_lib, tiled_case):
+    """A packed block straddling two threads' rows is computed whole by each: the layer's
+    output does not depend on the thread count."""
+    x = tiled_case.inputs(300, seed=5)
+    outs = [colibri.MoELayer(tiled_case.router, tiled_case.gate, tiled_case.up, tiled_case.down,
+                             weight_dtype="int8", lib=emulated_lib, threads=n,
+                             **tiled_case.layer_kwargs())(x) for n in (1, 2, 3)]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
 
 
 def test_a_wrong_tile_stride_fails_on_the_emulated_tiles(runs_here, case, tmp_path):

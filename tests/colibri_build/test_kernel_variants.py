@@ -85,8 +85,9 @@ def _knobs(corner):
     avx2_packs = k["isa"] == "avx2" and corner[1] != "zen3"
     rows_only = corner[1] == "zen3"
     k["layout_int8"] = "interleaved" if (i % 2 == 0 or avx2_packs) and not rows_only else "rows"
-    # int8 on AMX tiles where its rows are in the layout the tiles read (off on packed corners)
-    k["amx_int8"] = int(k["layout_int8"] == "rows")
+    # int8 on AMX tiles on rows corners (amx_int.j2) and on packed corners 0 mod 4 (the blocks
+    # as B tiles, amx_int_packed.j2); packed corners 2 mod 4 keep the packed kernels
+    k["amx_int8"] = int(k["layout_int8"] == "rows" or i % 4 == 0)
     k["vec_rows"] = 2 if i % 4 in (0, 1) else 1
     k["prefill_vec_rows"] = 2 if i % 4 == 0 and k["prefill_tok_block"] <= 2 else 1
     k["prefill_kc_int8"] = (128, 256, 1024, 4096)[i // 2 % 4]
@@ -94,7 +95,7 @@ def _knobs(corner):
     # packed int4 on all but corners 3 mod 4 (so with both block shapes, and on the
     # icelake-server and zen4 corners that run on a Zen 4 host)
     k["layout_int4"] = "interleaved" if (i % 4 != 3 or avx2_packs) and not rows_only else "rows"
-    k["amx_int4"] = int(k["layout_int4"] == "rows")  # as amx_int8
+    k["amx_int4"] = int(k["layout_int4"] == "rows")  # packed int4 has no tile path
     k["prefill_kc_int4"] = (128, 256, 1024, 4096)[(i // 2) % 4]
     k["vec_prefetch_int4"] = (0, 2048, 4096, 8192)[(i // 2 + 1) % 4]
     # where packed experts switch to the int gemm, every value among the packed corners (32:
@@ -239,6 +240,8 @@ def test_corners_cover_every_knob_value():
         assert {k[name] for k in amx} == set(spec.knobs[name].values), name
     assert {k["amx_kc"] for k in amx if k["amx_f32"] or k["amx_bf16"]} == set(spec.knobs["amx_kc"].values)
     assert {(k["amx_f32"], k["amx_bf16"]) for k in amx} >= {(1, 0), (0, 1), (1, 1)}
+    assert {(k["layout_int8"], k["amx_int8"]) for k in amx} == {("rows", 1), ("interleaved", 1),
+                                                                ("interleaved", 0)}
     # the bf16 pair dot, on profiles with AVX512_BF16 and no AMX (else bf16 takes the tiles)
     bfdot = [_knobs(c) for c in CORNERS if c[1] in ("zen4", "zen5")]
     assert {k["gemm_bf16_dot"] for k in bfdot} == set(spec.knobs["gemm_bf16_dot"].values)
