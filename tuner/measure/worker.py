@@ -549,7 +549,9 @@ def _first_packed_model(lib, lib_path: str, probs, job: dict):
 
 def _small_checks(lib_path: str, p) -> list[tuple[str, object, object]]:
     """(what, engine output, float64 reference) on a small ragged layer in p's dtype, with
-    1, 2 and 40 tokens over 6 experts: decode-class and prefill-class kernels both run."""
+    1, 2, 40 and 100 tokens over 6 experts: decode-class and prefill-class kernels both run,
+    and at 100 (27-43 tokens an expert) the gemm paths at every gemm_min_tokens value (at
+    40, no expert reaches 32 tokens)."""
     import numpy as np
 
     from colibri import quant, reference
@@ -566,7 +568,7 @@ def _small_checks(lib_path: str, p) -> list[tuple[str, object, object]]:
     layer = MoELayer(router, gate, up, down, weight_dtype=p.dtype, lib=lib_path, **route, **sh)
     rt = {n: (v if n == "shared_expert_gate" else quant.roundtrip(v, p.dtype)) for n, v in sh.items()}
     out = []
-    for T in (1, 2, 40):
+    for T in (1, 2, 40, 100):
         x = reference.inputs_with_margin(router, T, seed=T, **route)
         ref = reference.moe_layer(x, router, *(quant.PerExpert(a, p.dtype) for a in (gate, up, down)),
                                   **route, **rt, act=quant.ACTIVATION_ROUNDING.get(p.dtype))
