@@ -65,7 +65,10 @@ def test_amx_build_requires_and_has_tile_products(built):
     # int4g32's tiles (tdpbusd) only where the profile keeps amx_int4 on (it sets 0: the VNNI
     # gemm was faster, docs/amx.md); then nothing is promised for them
     int4_tiles = profiles.get_profile("sapphirerapids").knobs.get("amx_int4", 1)
-    want = {"tdpbf16ps", "tdpbssd"} | ({"tdpbusd"} if int4_tiles else set())
+    # packed int8's tiles (tdpbsud) where the profile packs int8
+    int8_packed = profiles.get_profile("sapphirerapids").knobs.get("layout_int8") == "interleaved"
+    want = ({"tdpbf16ps", "tdpbssd"} | ({"tdpbusd"} if int4_tiles else set())
+            | ({"tdpbsud"} if int8_packed else set()))
     assert want <= set(r.promised["require"])
     assert all(r.found[i] > 0 for i in want), r.found
     assert int4_tiles or "tdpbusd" not in r.promised["require"]
@@ -79,6 +82,8 @@ AMX_DISASM = """
     100c:	tdpbssd	tmm0, tmm4, tmm6
     1010:	call	1210 <cb_emu_dpbssd@plt>
     1014:	tdpbusd	tmm0, tmm4, tmm6
+    1018:	tdpbsud	tmm0, tmm4, tmm6
+    101c:	call	1220 <cb_emu_dpbsud@plt>
 """
 
 
@@ -97,6 +102,12 @@ AMX_DISASM = """
     (["-mamx-tile", "-mamx-int8", "-mavx512vnni"], {"amx_int8": 1}, "tdpbssd", "tdpbssd instructions"),
     (["-mamx-tile", "-mamx-int8", "-mavx512vnni"], {"amx_int8": 0}, "tdpbssd", None),
     (["-mavx512vnni", "-DCB_AMX_EMULATED=1"], {"amx_int8": 1}, "call", "cb_emu_dpbssd instructions"),
+    # packed int8 on tiles: tdpbsud as well (the rows' tdpbssd kernels are built too)
+    (["-mamx-tile", "-mamx-int8", "-mavx512vnni"], {"amx_int8": 1, "layout_int8": "interleaved"}, "tdpbsud",
+     "tdpbsud instructions"),
+    (["-mamx-tile", "-mamx-int8", "-mavx512vnni"], {"amx_int8": 1, "layout_int8": "rows"}, "tdpbsud", None),
+    (["-mavx512vnni", "-DCB_AMX_EMULATED=1"], {"amx_int8": 1, "layout_int8": "interleaved"}, "call",
+     "cb_emu_dpbsud instructions"),
     # int4g32 on tiles: tdpbusd where its knob is on (the sapphirerapids profile keeps it off)
     (["-mamx-tile", "-mamx-int8", "-mavx512vnni"], {"amx_int4": 1}, "tdpbusd", "tdpbusd instructions"),
     (["-mamx-tile", "-mamx-int8", "-mavx512vnni"], {"amx_int4": 0}, "tdpbusd", None),

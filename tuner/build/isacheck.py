@@ -20,7 +20,8 @@ and compare with the promise:
     macros    entries of `when_feature` that name compiler macros instead: x86 AMX, which no
     and knobs profile requires of its hosts (VMs hide it; the kernels ask at run time), shows
               in the build's predefined macros: __AMX_BF16__ with amx_bf16=1 -> tdpbf16ps,
-              __AMX_INT8__ with amx_int8=1 -> tdpbssd, with amx_int4=1 -> tdpbusd; the
+              __AMX_INT8__ with amx_int8=1 -> tdpbssd (and with layout_int8=interleaved
+              tdpbsud too), with amx_int4=1 -> tdpbusd; the
               emulated tile unit (CB_AMX_EMULATED) -> calls to its cb_emu_* stand-ins
     features  (the profile's required ISA features, from build_info.json)
               x86: no avx512f -> zmm forbidden; no avx -> ymm forbidden
@@ -54,9 +55,11 @@ INSTRUCTION_CLASSES = {
                 "bfmmla": r"^\s*bfmmla\s", "smmla": r"^\s*smmla\s"},
     # AMX tile products, and the emulated unit's stand-in for them (kernels/amx_emu.c)
     "x86_64": {"tdpbf16ps": r"^\s*tdpbf16ps\s", "tdpbssd": r"^\s*tdpbssd\s",
-               "tdpbusd": r"^\s*tdpbusd\s", "cb_emu_dpbf16ps": r"^\s*call\w*\s.*<cb_emu_dpbf16ps",
+               "tdpbusd": r"^\s*tdpbusd\s", "tdpbsud": r"^\s*tdpbsud\s",
+               "cb_emu_dpbf16ps": r"^\s*call\w*\s.*<cb_emu_dpbf16ps",
                "cb_emu_dpbssd": r"^\s*call\w*\s.*<cb_emu_dpbssd",
-               "cb_emu_dpbusd": r"^\s*call\w*\s.*<cb_emu_dpbusd"},
+               "cb_emu_dpbusd": r"^\s*call\w*\s.*<cb_emu_dpbusd",
+               "cb_emu_dpbsud": r"^\s*call\w*\s.*<cb_emu_dpbsud"},
 }
 # What the `isa` knob promises the kernels use (at least one instruction of each class),
 # and what a profile's feature adds where the knobs select its path: the ISA records'
