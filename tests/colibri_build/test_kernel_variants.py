@@ -95,7 +95,10 @@ def _knobs(corner):
     # packed int4 on all but corners 3 mod 4 (so with both block shapes, and on the
     # icelake-server and zen4 corners that run on a Zen 4 host)
     k["layout_int4"] = "interleaved" if (i % 4 != 3 or avx2_packs) and not rows_only else "rows"
-    k["amx_int4"] = int(k["layout_int4"] == "rows")  # packed int4 has no tile path
+    k["amx_int4"] = int(k["layout_int4"] == "rows")  # packed int4g32 has no tile path
+    # int4 (int4k, always packed) on the tiles on odd corners, from every expert size among them
+    k["amx_int4k"] = i % 2
+    k["amx_int4k_min_tokens"] = (16, 24, 32, 48, 64)[(i + 1) % 5]
     k["prefill_kc_int4"] = (128, 256, 1024, 4096)[(i // 2) % 4]
     k["vec_prefetch_int4"] = (0, 2048, 4096, 8192)[(i // 2 + 1) % 4]
     # where packed experts switch to the int gemm, every value among the packed corners (32:
@@ -121,7 +124,7 @@ EMULATED = "sapphirerapids-amx-emulated"
 
 
 def _targets_amx(knobs, profile):
-    return ((knobs["amx_f32"] or knobs["amx_bf16"] or knobs["amx_int8"] or knobs["amx_int4"])
+    return ((knobs["amx_f32"] or knobs["amx_bf16"] or knobs["amx_int8"] or knobs["amx_int4"] or knobs["amx_int4k"])
             and knobs["isa"] == "avx512"
             and profile in ("sapphirerapids", EMULATED))
 
@@ -236,7 +239,7 @@ def test_corners_cover_every_knob_value():
         assert {k[name] for k in vnni} == set(spec.knobs[name].values), name
     # the AMX knobs, where AMX is compiled in
     amx = [_knobs(c) for c in CORNERS if c[:2] == ("avx512", "sapphirerapids")]
-    for name in ("amx_f32", "amx_bf16", "amx_int8", "amx_int4", "amx_kc", "amx_f32_min_tokens"):
+    for name in ("amx_f32", "amx_bf16", "amx_int8", "amx_int4", "amx_int4k", "amx_kc", "amx_f32_min_tokens"):
         assert {k[name] for k in amx} == set(spec.knobs[name].values), name
     assert {k["amx_kc"] for k in amx if k["amx_f32"] or k["amx_bf16"]} == set(spec.knobs["amx_kc"].values)
     assert {(k["amx_f32"], k["amx_bf16"]) for k in amx} >= {(1, 0), (0, 1), (1, 1)}

@@ -125,8 +125,13 @@ def test_a_packed_int_dtype_runs_the_prefill_kernels_up_to_its_own_gemm_threshol
     assert run.in_class(SPEC, p, "prefill_int4", packed)
     assert not run.in_class(SPEC, p, "prefill_int4", {**packed, "layout_int4": "rows"})
     assert not run.in_class(SPEC, p, "igemm", packed)
-    # int4 has no gemm: every prefill runs its packed kernels
-    assert problems.path_of(problems.problem("qwen3-30b-a3b/prefill512/int4")) == "prefill"
+    # int4's only gemm is the AMX tiles: without them every prefill runs its packed kernels;
+    # with them from both thresholds (32 tokens an expert here)
+    p4 = problems.problem("qwen3-30b-a3b/prefill512/int4")
+    assert problems.path_of(p4) == "prefill"
+    assert problems.path_of(p4, amx=True) == "gemm"
+    assert problems.path_of(p4, {"amx_int4k": 0}, amx=True) == "prefill"
+    assert problems.path_of(p4, {"amx_int4k_min_tokens": 48}, amx=True) == "prefill"
 
 
 def test_packed_bf16_runs_its_prefill_kernels_at_every_token_count():

@@ -150,7 +150,12 @@ def gemm_from_tokens(dtype: str, knobs=None, amx: bool = False) -> float:
     """Tokens per expert from which `dtype` runs the gemm paths under `knobs` (the flat
     knob values of one shape class; None: the template's default row layouts), on a build
     whose flags give AMX tiles (`amx`) or not."""
-    if dtype == "int4":  # packed wherever there is an int dot, and no gemm of its own
+    if dtype == "int4":
+        # packed wherever there is an int dot; its gemm path is the AMX tiles
+        # (amx_k4_packed.j2), from both thresholds, where they are built
+        knobs = knobs or {}
+        if amx and knobs.get("amx_int4k", 1):
+            return max(knobs.get("gemm_min_tokens_int4", GEMM_FROM_TOKENS), knobs.get("amx_int4k_min_tokens", 24))
         return float("inf")
     from colibri_build.parts import part_of
 
