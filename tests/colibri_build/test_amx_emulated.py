@@ -1,7 +1,7 @@
 """The AMX kernels on the emulated tile unit (profile sapphirerapids-amx-emulated): every
 weight dtype at the token counts around the tile edges (1, 5, 16, 17, 64, 300) with a shared
-expert and dynamic k, bf16 and int8 both packed (the profile's layouts: the blocks are B
-tiles) and in rows, int4 packed (its k-tiles unpacked to B tiles); the int tiles against the
+expert and dynamic k, bf16, int8 and int4g32 both packed (the profile's layouts: the blocks
+are B tiles, int4g32's unpacked to them) and in rows, int4 packed; the int tiles against the
 dot-product kernels, bit for bit; and a
 mutation check: the same kernels with a wrong tile stride must fail, or the corners that
 pass on the emulator would prove nothing."""
@@ -27,11 +27,11 @@ DTYPES = ("f32", "bf16", "int8", "int4g32", "int4")
 TOKENS = (1, 5, 16, 17, 64, 300)
 # the weight tile loads: amx.j2's A tiles (rows AM_KC bf16 apart), amx_int.j2's (rows s0 bytes
 # apart), amx_packed.j2's and amx_int_packed.j2's B tiles (the packed block's k-pairs and
-# 4-k words, 64 bytes apart), amx_k4_packed.j2's (unpacked, 64 bytes apart)
+# 4-k words, 64 bytes apart), amx_int4_packed.j2's (unpacked, 64 bytes apart)
 STRIDES = {"amx.j2": "AM_KC * 2);", "amx_int.j2": "CB_TILE_LOADD(4, w0 + g * 32, s0);",
            "amx_packed.j2": "CB_TILE_LOADD({{ 6 + b }}, w{{ b }} + (size_t)s * 512, 64);",
            "amx_int_packed.j2": "CB_TILE_LOADD({{ 6 + b }}, w{{ b }} + (size_t)g * 512, 64);",
-           "amx_k4_packed.j2": "CB_TILE_LOADD(6, ub + g * 512, 64);"}
+           "amx_int4_packed.j2": "CB_TILE_LOADD(6, ub + g * 512, 64);"}
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +76,15 @@ def _failures(lib, case, dtypes=DTYPES, tokens=TOKENS):
 
 @pytest.fixture(scope="module")
 def emulated_lib(runs_here, tmp_path_factory):
-    """The profile's defaults: f32 and int4g32 (row layouts), bf16, int8 and int4 (packed) take
-    the tiles."""
+    """The profile's defaults: f32 (row layout), bf16, int8, int4g32 and int4 (packed) take the
+    tiles."""
     return build_profile(EMULATED, build_dir=tmp_path_factory.mktemp("amxemu"), quiet=True)
 
 
 @pytest.fixture(scope="module")
 def other_lib(runs_here, tmp_path_factory):
-    """The int tiles off (int8 and int4 packed: the packed kernels; int4g32: the dot-product
-    gemm) and bf16 in its row layout (amx.j2's tiles)."""
+    """The int tiles off (int8, int4g32 and int4 packed: the packed kernels) and bf16 in its
+    row layout (amx.j2's tiles)."""
     cfg = render.write_config_h(tmp_path_factory.mktemp("cfg") / "other.h",
                                 {"amx_int8": 0, "amx_int4": 0, "amx_int4k": 0, "layout_bf16": "rows"},
                                 signature="0", profile=EMULATED)
@@ -93,11 +93,13 @@ def other_lib(runs_here, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rows_lib(runs_here, tmp_path_factory):
-    """int8 in its row layout on the tiles (amx_int.j2), and off them (the dot-product gemm)."""
+    """int8 and int4g32 in their row layouts on the tiles (amx_int.j2), and off them (the
+    dot-product gemm)."""
     libs = []
     for amx in (1, 0):
         cfg = render.write_config_h(tmp_path_factory.mktemp("cfg") / f"rows{amx}.h",
-                                    {"amx_int8": amx, "layout_int8": "rows"}, signature="0", profile=EMULATED)
+                                    {"amx_int8": amx, "layout_int8": "rows", "amx_int4": amx, "layout_int4": "rows"},
+                                    signature="0", profile=EMULATED)
         libs.append(build_profile(EMULATED, config=cfg, build_dir=tmp_path_factory.mktemp(f"amxrows{amx}"),
                                   quiet=True))
     return libs
@@ -150,14 +152,15 @@ def test_activations_exact_in_bf16_skip_the_lo_products(emulated_lib, dtype, sha
 
 
 @pytest.mark.parametrize("dtype, layout", [("int8", "interleaved"), ("int8", "rows"), ("int4g32", "rows"),
-                                           ("int4", "interleaved")])
+                                           ("int4g32", "interleaved"), ("int4", "interleaved")])
 def test_int_on_tiles_gives_the_dot_product_kernels_bits(emulated_lib, other_lib, rows_lib, case, dtype,
                                                          layout):
     """amx_int8 / amx_int4 / amx_int4k sum each group in int32 and scale it in the dot-product
     kernels' order: the same bits as those kernels (the row layout: the dot-product gemm;
-    packed int8 and int4: the packed kernels), and the tiles ran (the unit counts their
-    products). int4 takes the tiles from amx_int4k_min_tokens (24) tokens an expert."""
-    on, off = (emulated_lib, other_lib) if dtype != "int8" or layout == "interleaved" else rows_lib
+    packed int8, int4g32 and int4: the packed kernels), and the tiles ran (the unit counts
+    their products). Packed int4g32 and int4 take the tiles from amx_int4_min_tokens (24)
+    tokens an expert."""
+    on, off = (emulated_lib, other_lib) if layout == "interleaved" else rows_lib
     count = _products(on)
     for c in (case, make_case(H=300, I=301, E=2, k=1, S=129, seed=3)):
         on_layer, off_layer = (colibri.MoELayer(c.router, c.gate, c.up, c.down, weight_dtype=dtype,
@@ -170,7 +173,7 @@ def test_int_on_tiles_gives_the_dot_product_kernels_bits(emulated_lib, other_lib
                 assert count() > before, f"T={T}: no tile products"
 
 
-@pytest.mark.parametrize("dtype", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", ["int8", "int4g32", "int4"])
 def test_packed_int_on_tiles_gives_the_same_bits_at_every_thread_count(emulated_lib, tiled_case, dtype):
     """A packed block straddling two threads' rows is computed whole by each: the layer's
     output does not depend on the thread count."""

@@ -95,10 +95,12 @@ def _knobs(corner):
     # packed int4 on all but corners 3 mod 4 (so with both block shapes, and on the
     # icelake-server and zen4 corners that run on a Zen 4 host)
     k["layout_int4"] = "interleaved" if (i % 4 != 3 or avx2_packs) and not rows_only else "rows"
-    k["amx_int4"] = int(k["layout_int4"] == "rows")  # packed int4g32 has no tile path
+    # int4g32 on the tiles on rows corners (amx_int.j2) and on packed corners 1 mod 4 (its
+    # k-tiles unpacked to B tiles, amx_int4_packed.j2)
+    k["amx_int4"] = int(k["layout_int4"] == "rows" or i % 4 == 1)
     # int4 (int4k, always packed) on the tiles on odd corners, from every expert size among them
     k["amx_int4k"] = i % 2
-    k["amx_int4k_min_tokens"] = (16, 24, 32, 48, 64)[(i + 1) % 5]
+    k["amx_int4_min_tokens"] = (16, 24, 32, 48, 64)[(i + 1) % 5]
     k["prefill_kc_int4"] = (128, 256, 1024, 4096)[(i // 2) % 4]
     k["vec_prefetch_int4"] = (0, 2048, 4096, 8192)[(i // 2 + 1) % 4]
     # where packed experts switch to the int gemm, every value among the packed corners (32:

@@ -122,6 +122,10 @@ def test_a_packed_int_dtype_runs_the_prefill_kernels_up_to_its_own_gemm_threshol
     assert problems.path_of(p, {**packed, "layout_int4": "rows"}) == "gemm"
     assert problems.path_of(p, packed) == "prefill"
     assert problems.path_of(p, {**packed, "pk_gemm_min_tokens_int4": 32}) == "gemm"
+    # packed on a build with AMX tiles: from amx_int4_min_tokens (24), unless amx_int4 is off
+    assert problems.path_of(p, packed, amx=True) == "gemm"
+    assert problems.path_of(p, {**packed, "amx_int4": 0}, amx=True) == "prefill"
+    assert problems.path_of(p, {**packed, "amx_int4_min_tokens": 48}, amx=True) == "prefill"
     assert run.in_class(SPEC, p, "prefill_int4", packed)
     assert not run.in_class(SPEC, p, "prefill_int4", {**packed, "layout_int4": "rows"})
     assert not run.in_class(SPEC, p, "igemm", packed)
@@ -131,7 +135,7 @@ def test_a_packed_int_dtype_runs_the_prefill_kernels_up_to_its_own_gemm_threshol
     assert problems.path_of(p4) == "prefill"
     assert problems.path_of(p4, amx=True) == "gemm"
     assert problems.path_of(p4, {"amx_int4k": 0}, amx=True) == "prefill"
-    assert problems.path_of(p4, {"amx_int4k_min_tokens": 48}, amx=True) == "prefill"
+    assert problems.path_of(p4, {"amx_int4_min_tokens": 48}, amx=True) == "prefill"
 
 
 def test_packed_bf16_runs_its_prefill_kernels_at_every_token_count():

@@ -150,18 +150,20 @@ def gemm_from_tokens(dtype: str, knobs=None, amx: bool = False) -> float:
     """Tokens per expert from which `dtype` runs the gemm paths under `knobs` (the flat
     knob values of one shape class; None: the template's default row layouts), on a build
     whose flags give AMX tiles (`amx`) or not."""
-    if dtype == "int4":
-        # packed wherever there is an int dot; its gemm path is the AMX tiles
-        # (amx_k4_packed.j2), from both thresholds, where they are built
-        knobs = knobs or {}
-        if amx and knobs.get("amx_int4k", 1):
-            return max(knobs.get("gemm_min_tokens_int4", GEMM_FROM_TOKENS), knobs.get("amx_int4k_min_tokens", 24))
-        return float("inf")
+    knobs = knobs or {}
+    # packed int4 and int4g32 on AMX tiles (amx_int4_packed.j2), where they are built: from
+    # both thresholds
+    tiles4 = max(knobs.get("gemm_min_tokens_int4", GEMM_FROM_TOKENS), knobs.get("amx_int4_min_tokens", 24))
+    if dtype == "int4":  # packed wherever there is an int dot; its only gemm path is the tiles
+        return tiles4 if amx and knobs.get("amx_int4k", 1) else float("inf")
     from colibri_build.parts import part_of
 
     dtype = part_of(dtype)  # int4g32 runs on the int4 part's knobs
-    knobs = knobs or {}
     if knobs.get(f"layout_{dtype}") == "interleaved":
+        if dtype == "int4" and amx and knobs.get("amx_int4", 1):
+            return min(tiles4, knobs.get("pk_gemm_min_tokens_int4", 128))
+        if dtype == "int8" and amx and knobs.get("amx_int8", 1):  # its blocks as B tiles (amx_int_packed.j2)
+            return knobs.get("gemm_min_tokens_int8", GEMM_FROM_TOKENS)
         # packed bf16 on AMX tiles, which read its blocks in place (amx_packed.j2), from the
         # gemm threshold; packed int experts switch to the int gemm; otherwise packed f32 and
         # bf16 have no gemm of their own: their weight-as-vector kernels serve every count
