@@ -1,6 +1,6 @@
 /* bf16io.c — what the layer and dense entry points for bf16 activations share (a bf16
  * model's hidden states): the caller passes and receives bf16 rows, and the f32 rows the kernels and the
- * router take live only in this call's scratch, converted in parallel (bf16 -> f32 is
+ * router take live in the calling thread's scratch (scratch.c), converted in parallel (bf16 -> f32 is
  * exact; f32 -> bf16 rounds to nearest even). */
 #include <omp.h>
 #include <stdint.h>
@@ -29,8 +29,8 @@ int cb_forward_bf16(const char *who, void *obj, cb_f32_forward_fn fn, int in, in
     if ((size_t)T > SIZE_MAX / 4 / sizeof(float) / width)
         return cb_fail(COLIBRI_ERR_INVALID, "%s: n_tokens %d is too large", who, T);
     const size_t nx = (size_t)T * in, ny = (size_t)T * out;
-    float *buf = NULL;
-    if (posix_memalign((void **)&buf, 64, (nx + ny) * sizeof(float)))
+    float *buf = cb_scratch(CB_SCRATCH_BF16, (nx + ny) * sizeof(float));
+    if (!buf)
         return cb_fail(COLIBRI_ERR_NOMEM, "%s: out of memory for %zu bytes of f32 rows", who,
                        (nx + ny) * sizeof(float));
     float *xf = buf, *yf = buf + nx;
@@ -47,6 +47,5 @@ int cb_forward_bf16(const char *who, void *obj, cb_f32_forward_fn fn, int in, in
 #pragma omp parallel for num_threads(ct) schedule(static)
         for (size_t i = 0; i < ny; ++i) y[i] = to_bf16(yf[i]);
     }
-    free(buf);
     return st;
 }

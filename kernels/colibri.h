@@ -96,6 +96,10 @@ const char *colibri_build_info(void);
  * < 0 or > COLIBRI_MAX_THREADS: COLIBRI_ERR_INVALID, the default is kept. */
 int colibri_set_num_threads(int n_threads);
 int colibri_get_num_threads(void);
+/* Forward calls (layers, dense matrices, their bf16 forms) keep their scratch memory per
+ * calling thread, grown to the largest call so far, and reuse it; it is freed when the
+ * thread exits. This frees the calling thread's at once (the next call allocates again). */
+void colibri_release_scratch(void);
 /* Guarded mode (for checking generated kernels, not for production): every layer call
  * surrounds each expert's scratch with canaries and fails with COLIBRI_ERR_CORRUPT if a
  * kernel overwrote one. Process-wide; returns the previous setting. */

@@ -88,9 +88,8 @@ int colibri_dense_forward(colibri_dense *d, const float *x, float *y, int T, int
     if (wsb && (size_t)nt > (SIZE_MAX / 4) / wsb)
         return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d: kernel workspace too large", T);
     const size_t head = ((size_t)T * (sizeof(int32_t) + sizeof(float)) + 63) / 64 * 64;
-    char *scratch = NULL;
-    if (posix_memalign((void **)&scratch, 64, head + (size_t)nt * wsb))
-        return cb_fail(COLIBRI_ERR_NOMEM, "out of memory for dense scratch");
+    char *scratch = cb_scratch(CB_SCRATCH_CALL, head + (size_t)nt * wsb);
+    if (!scratch) return cb_fail(COLIBRI_ERR_NOMEM, "out of memory for dense scratch");
     int32_t *tok = (int32_t *)(void *)scratch;
     float *tw = (float *)(void *)(tok + T);
     for (int t = 0; t < T; ++t) tok[t] = t, tw[t] = 1.0f;
@@ -107,7 +106,6 @@ int colibri_dense_forward(colibri_dense *d, const float *x, float *y, int T, int
                          wsb ? scratch + head + (size_t)tid * wsb : NULL);
         }
     }
-    free(scratch);
     return COLIBRI_OK;
 }
 

@@ -125,6 +125,13 @@ typedef int (*cb_f32_forward_fn)(void *obj, const float *x, float *y, int n_toke
 int cb_forward_bf16(const char *who, void *obj, cb_f32_forward_fn fn, int in, int out, const uint16_t *x,
                     uint16_t *y, int n_tokens, int n_threads);
 
+/* A page-aligned buffer of at least `bytes` held for the calling thread in `slot` and reused
+ * by its next calls (its contents are not kept), or NULL without memory (scratch.c). The
+ * slots of one call do not overlap: the layer's scratch, its prepared panels, and the bf16
+ * forms' f32 rows around them. */
+enum { CB_SCRATCH_CALL, CB_SCRATCH_PREP, CB_SCRATCH_BF16, CB_SCRATCH_SLOTS };
+void *cb_scratch(int slot, size_t bytes);
+
 /* Validates a route config against n_experts; sets the error on failure. */
 int cb_route_config_check(const colibri_route_config *cfg, int n_experts);
 

@@ -366,9 +366,9 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     if (wstride && (size_t)nt > (SIZE_MAX - ws_off - 64) / wstride)
         return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d: kernel workspace too large", T);
     bytes = ws_off + (size_t)nt * wstride + 64;
-    char *scratch = malloc(bytes);
+    char *scratch = cb_scratch(CB_SCRATCH_CALL, bytes);
     if (!scratch) return cb_fail(COLIBRI_ERR_NOMEM, "out of memory for %zu bytes of scratch", bytes);
-    /* the jobs first: malloc's alignment suits them, the arrays after them need less */
+    /* the jobs first: the buffer's alignment suits them, the arrays after them need less */
     cb_job *jobs = (cb_job *)(void *)scratch;
     float *logits = (float *)(void *)(jobs + E + 1);
     float *wsel = logits + f_logits;
@@ -379,8 +379,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     int32_t *tok = cnt + i_cnt;
     int32_t *off = tok + i_tok;
     int32_t *fill = off + i_off;
-    /* malloc aligns to 16: round the workspace base up to 64 */
-    char *wsbase = (char *)(((uintptr_t)scratch + ws_off + 63) / 64 * 64);
+    char *wsbase = scratch + ws_off; /* both 64-aligned */
     unsigned char *bad = (unsigned char *)(fill + i_off); /* [T]: token's output row is NaN */
 
     /* A token with a NaN or Inf activation gets a NaN output row and takes no part in the
@@ -407,10 +406,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
                                                   rwsb ? wsbase + (size_t)omp_get_thread_num() * wstride : NULL, NULL);
     }
     st = colibri_route(logits, T, E, &L->route, isel, wsel, cnt);
-    if (st) {
-        free(scratch);
-        return st;
-    }
+    if (st) return st;
     /* Drop the bad tokens' selections; a token whose logits were all NaN (finite x whose
      * dot products overflowed) chose nothing and is bad too. */
     for (int t = 0; t < T; ++t) {
@@ -473,7 +469,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     if (wsb && nt > 1 && part->prep_bytes) {
         size_t pb = 0;
         for (int j = 0; j < njobs; ++j) pb += (part->prep_bytes(L->dtype, &jobs[j].ex->down, jobs[j].ntok) + 63) / 64 * 64;
-        if (pb) prepbuf = aligned_alloc(64, pb); /* a multiple of 64 */
+        if (pb) prepbuf = cb_scratch(CB_SCRATCH_PREP, pb); /* a multiple of 64 */
         for (size_t at = 0, j = 0; prepbuf && j < (size_t)njobs; ++j) {
             const size_t b = part->prep_bytes(L->dtype, &jobs[j].ex->down, jobs[j].ntok);
             jobs[j].prep = b ? memset(prepbuf + at, 0, 64) : NULL; /* its header: nothing found yet */
@@ -497,7 +493,6 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
             part->rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter, jobs[j].ntok, jobs[j].tw,
                            jobs[j].tok, c0, c1, y, H, ws, jobs[j].prep);
     }
-    free(prepbuf);
     if (guards) {
         int hit = guard_intact(hbuf) ? -2 : -1;
         for (int j = 0; j < njobs && hit == -2; ++j)
@@ -508,14 +503,12 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
                 snprintf(who, sizeof who, "past the scratch of the shared expert");
             else if (hit >= 0)
                 snprintf(who, sizeof who, "past the scratch of expert %d", (int)(jobs[hit].ex - L->experts));
-            free(scratch);
             return cb_fail(COLIBRI_ERR_CORRUPT, "out-of-bounds write: a kernel wrote %s", who);
         }
     }
     for (int t = 0; t < T && nbad; ++t)
         if (bad[t])
             for (int c = 0; c < H; ++c) y[(size_t)t * H + c] = NAN;
-    free(scratch);
     return COLIBRI_OK;
 }
 
