@@ -33,7 +33,9 @@ KINDS = ("target", "build")             # build kinds (debug, asan) are never au
 COMPILER_FAMILIES = ("gcc", "clang")
 
 # Flags every build uses, before the profile's: later flags win (debug's -O0 beats -O3).
-BASE_CFLAGS = ("-O3", "-fPIC", "-fopenmp", "-std=c11", "-Wall", "-Wextra")
+# No FMA contraction (GCC's default in -std=c11, not clang's): the scalar and vector
+# epilogues (epilogue.j2) must give the same bits from the same operations.
+BASE_CFLAGS = ("-O3", "-fPIC", "-fopenmp", "-std=c11", "-ffp-contract=off", "-Wall", "-Wextra")
 BASE_LDFLAGS = ("-fopenmp",)
 
 # Debian/Ubuntu package of a native compiler executable, for "not installed" messages.
