@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 PROBLEM = "tiny/decode/f32"
-# this host's profile (so `check` can match), a 2-variant space, short timings
-SPACE = ["isa=portable", "rows=1,2", "tok_block=1", "unroll=2", "prefetch_f32=0"]
+# this host's profile (so `check` can match), a 2-variant space, short timings: the decode
+# class's block height in whichever f32 layout the profile holds (rows, or packed: zen4)
+SPACE = ["isa=portable", "rows=1,2", "vec_rows_float=1,2", "tok_block=1", "unroll=2", "prefetch_f32=0",
+         "vec_prefetch_f32=0"]
 ROOT_MEMBERS = ("config.h", "libcolibri.so", "build_info.json", "colibri.h", "manifest.json",
                 "report.html", "report.md", "results.sqlite")
 _made: dict = {}

@@ -71,7 +71,7 @@ def test_build_info(generic):
     assert info["kernel_isa"] == "portable" and info["knobs"]["isa"] == "portable"
     assert set(info["knobs"]) >= {"isa", "rows", "tok_block", "unroll", "prefetch_f32", "prefetch_bf16"}
     assert info["compiler"]["version"] == comp.version and info["compiler"]["family"] == "gcc"
-    assert info["cflags"][:6] == ["-O3", "-fPIC", "-fopenmp", "-std=c11", "-Wall", "-Wextra"]
+    assert info["cflags"][:7] == ["-O3", "-fPIC", "-fopenmp", "-std=c11", "-ffp-contract=off", "-Wall", "-Wextra"]
     assert info["features"] == [] and info["config"] is None
     assert info["defines"]["COLIBRI_DEFAULT_HUGEPAGES"] == 0
 
