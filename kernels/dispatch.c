@@ -45,7 +45,7 @@ const int cbk_rows_block = 4;
 
 void cbk_gateup(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, int ldx,
                 const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh, void *ws) {
-    cbk_part_of(&cbk_kernels_default, dtype)->gateup(dtype, gate, up, X, ldx, tok, ntok, r0, r1, Hout, ldh, ws);
+    cbk_part_of(&cbk_kernels_default, dtype)->gateup(dtype, gate, up, X, ldx, tok, ntok, r0, r1, Hout, ldh, ws, NULL);
 }
 
 void cbk_rows_acc(int dtype, const cb_mat *m, const float *Hin, int ldh, int ntok, const float *tw,

@@ -127,9 +127,9 @@ int cb_forward_bf16(const char *who, void *obj, cb_f32_forward_fn fn, int in, in
 
 /* A page-aligned buffer of at least `bytes` held for the calling thread in `slot` and reused
  * by its next calls (its contents are not kept), or NULL without memory (scratch.c). The
- * slots of one call do not overlap: the layer's scratch, its prepared panels, and the bf16
- * forms' f32 rows around them. */
-enum { CB_SCRATCH_CALL, CB_SCRATCH_PREP, CB_SCRATCH_BF16, CB_SCRATCH_SLOTS };
+ * slots of one call do not overlap: the layer's scratch, its prepared panels and prepared
+ * activations, and the bf16 forms' f32 rows around them. */
+enum { CB_SCRATCH_CALL, CB_SCRATCH_PREP, CB_SCRATCH_BF16, CB_SCRATCH_XPREP, CB_SCRATCH_SLOTS };
 void *cb_scratch(int slot, size_t bytes);
 
 /* Validates a route config against n_experts; sets the error on failure. */

@@ -8,9 +8,11 @@
 
 /* Hout[t, r] = silu(gate[r] . X[tok[t]]) * (up[r] . X[tok[t]]), rows r in [r0, r1).
  * ws: the calling thread's workspace of cbk_workspace_bytes(dtype, cols, ntok) bytes,
- * 64-aligned (NULL when that is 0). */
+ * 64-aligned (NULL when that is 0). xprep: every row of X as cbk_xprep_fn prepared it, where
+ * cbk_xprep_bytes_fn gave bytes for the call, else NULL. */
 typedef void (*cbk_gateup_fn)(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, int ldx,
-                              const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh, void *ws);
+                              const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh, void *ws,
+                              const void *xprep);
 /* Y[tok[t], r] += tw[t] * (m[r] . Hin[t]), rows r in [r0, r1). prep: Hin as cbk_prep_fn
  * prepared it, where cbk_prep_bytes_fn gave bytes for this call, else NULL. */
 typedef void (*cbk_rows_acc_fn)(int dtype, const cb_mat *m, const float *Hin, int ldh, int ntok,
@@ -25,6 +27,13 @@ typedef void (*cbk_rows_acc_fn)(int dtype, const cb_mat *m, const float *Hin, in
 typedef size_t (*cbk_prep_bytes_fn)(int dtype, const cb_mat *m, int ntok);
 typedef void (*cbk_prep_fn)(int dtype, const cb_mat *m, const float *Hin, int ldh, int ntok, int c0, int c1,
                             void *dst);
+/* A call's activations prepared once for all of its gateups, where the part's kernels for a
+ * call of ntok tokens prepare them per call (the packed int kernels quantize their tokens'
+ * rows; a token meets up to top-k experts, and a job's rows may be split between threads).
+ * xprep_bytes: the bytes for ntok rows of cols (0: none); xprep: rows [t0, t1) of X into dst;
+ * threads may fill disjoint row ranges of one dst at once. */
+typedef size_t (*cbk_xprep_bytes_fn)(int dtype, int cols, int ntok);
+typedef void (*cbk_xprep_fn)(int dtype, const float *X, int ldx, int cols, int t0, int t1, void *dst);
 /* Per-thread workspace for matrices of up to max_cols columns and max_tokens tokens
  * (the int4 kernels quantize their activations into it; 0 for the other dtypes). */
 typedef size_t (*cbk_workspace_fn)(int dtype, int max_cols, int max_tokens);
@@ -46,6 +55,8 @@ typedef struct cbk_part {
     int (*uses_amx)(void); /* NULL: never */
     cbk_prep_bytes_fn prep_bytes; /* NULL: never */
     cbk_prep_fn prep;
+    cbk_xprep_bytes_fn xprep_bytes; /* NULL: never */
+    cbk_xprep_fn xprep;
 } cbk_part;
 
 /* A kernel table: the base knobs' ("default") or a tuned shape class's (docs/shape-classes.md),

@@ -276,7 +276,7 @@ static void share_of(long base, long per, long len, long lo, long hi, int blk, l
 
 /* Phase 1 for one thread: its slice of the rows x tokens work over all jobs. */
 static void phase_gateup(const colibri_layer *L, const cb_job *jobs, int njobs, const float *x,
-                         int tid, int nt, void *ws) {
+                         int tid, int nt, void *ws, const void *xprep) {
     long total = 0;
     for (int j = 0; j < njobs; ++j) total += (long)jobs[j].ex->inter * jobs[j].ntok;
     const long lo = total * tid / nt, hi = total * (tid + 1) / nt;
@@ -290,7 +290,7 @@ static void phase_gateup(const colibri_layer *L, const cb_job *jobs, int njobs, 
             if (r0 < r1)
                 cbk_part_of(L->kernels, L->dtype)->gateup(L->dtype, &jb->ex->gate, &jb->ex->up, x, L->hidden,
                                                           jb->tok, jb->ntok, (int)r0, (int)r1, jb->h,
-                                                          jb->ex->inter, ws);
+                                                          jb->ex->inter, ws, xprep);
         }
         base += cost;
     }
@@ -476,11 +476,24 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
             at += (b + 63) / 64 * 64;
         }
     }
+    /* the gateups' activations, prepared once where the part's kernels take them so: each
+     * token meets up to top-k experts, whose gateups would each prepare it again */
+    char *xprep = NULL;
+    if (wsb && part->xprep_bytes) {
+        const size_t xb = part->xprep_bytes(L->dtype, H, T);
+        if (xb) xprep = cb_scratch(CB_SCRATCH_XPREP, xb);
+    }
 #pragma omp parallel num_threads(nt)
     {
         const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
         void *ws = wsb ? wsbase + (size_t)tid * wstride : NULL;
-        phase_gateup(L, jobs, njobs, x, tid, nth, ws);
+        if (xprep) {
+            int t0, t1;
+            cb_split_range(T, nth, tid, 1, &t0, &t1);
+            if (t0 < t1) part->xprep(L->dtype, x, H, H, t0, t1, xprep);
+#pragma omp barrier
+        }
+        phase_gateup(L, jobs, njobs, x, tid, nth, ws, xprep);
 #pragma omp barrier
         if (prepbuf) {
             phase_prep(L, jobs, njobs, tid, nth);

@@ -107,6 +107,7 @@ def _knobs(corner):
     # the shared expert of tuner verify's 40-token case takes that path)
     k["pk_gemm_min_tokens_int4"] = {6: 32, 13: 64, 5: 128, 8: 256, 9: 4096}.get(i, 128)
     k["pk_gemm_min_tokens_int8"] = {6: 32, 8: 64, 10: 256, 12: 4096, 14: 128}.get(i, 128)
+    k["prefill_run_int"] = (32, 64, 128, 256)[(i // 2 + 1) % 4]
     # packed bf16 and f32 on two corners in three each (zen4 and zen5's both ways; they pack
     # on AVX-512 and AVX2 where AMX does not take the dtype), every block shape, k-chunk and
     # run among them
@@ -259,11 +260,13 @@ def test_corners_cover_every_knob_value():
     # packed int8 and its register blocks, where the target has an int dot product
     packed = [k for k in vnni if k["layout_int8"] == "interleaved"]
     assert {k["layout_int8"] for k in vnni} == set(spec.knobs["layout_int8"].values)
-    for name in ("vec_rows", "prefill_vec_rows", "prefill_kc_int8", "vec_prefetch_int8", "pk_gemm_min_tokens_int8"):
+    for name in ("vec_rows", "prefill_vec_rows", "prefill_kc_int8", "vec_prefetch_int8", "pk_gemm_min_tokens_int8",
+                 "prefill_run_int"):
         assert {k[name] for k in packed} == set(spec.knobs[name].values), name
     packed4 = [k for k in vnni if k["layout_int4"] == "interleaved"]
     assert {k["layout_int4"] for k in vnni} == set(spec.knobs["layout_int4"].values)
-    for name in ("vec_rows", "prefill_vec_rows", "prefill_kc_int4", "vec_prefetch_int4", "pk_gemm_min_tokens_int4"):
+    for name in ("vec_rows", "prefill_vec_rows", "prefill_kc_int4", "vec_prefetch_int4", "pk_gemm_min_tokens_int4",
+                 "prefill_run_int"):
         assert {k[name] for k in packed4} == set(spec.knobs[name].values), name
     # packed bf16 and its blocks, on corners that run here wherever the host is x86 with AVX-512
     pbf = [_knobs(c) for c in CORNERS if c[1] in ("x86-64-v3", "icelake-server", "x86-64-v4", "zen4", "zen5")]
