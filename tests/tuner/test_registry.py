@@ -137,7 +137,7 @@ def slow_templates(tmp_path):
     src = (d / "expert_ffn.c.j2").read_text()
     marker = ("static void part_gateup(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, "
               "int ldx,\n                        const int32_t *tok, int ntok, int r0, int r1, "
-              "float *Hout, int ldh, void *ws) {\n")
+              "float *Hout, int ldh, void *ws,\n                        const void *xprep) {\n")
     assert marker in src
     inject = "".join(f'{{% if fault == "{k}" %}}    {SLOW % n}\n{{% endif %}}'
                      for k, n in (("slow", 1000000), ("slower", 3000000), ("slowest", 6000000)))

@@ -46,7 +46,8 @@ def make_broken_templates(d: Path) -> Path:
     shutil.copytree(ROOT / "templates", d)
     src = (d / "expert_ffn.c.j2").read_text()
     marker = ("static void part_gateup(int dtype, const cb_mat *gate, const cb_mat *up, const float *X, int ldx,\n"
-              "                        const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh, void *ws) {\n")
+              "                        const int32_t *tok, int ntok, int r0, int r1, float *Hout, int ldh, void *ws,\n"
+              "                        const void *xprep) {\n")
     assert marker in src
     inject = "".join(f'{{% if fault == "{k}" %}}    {v}\n{{% endif %}}' for k, v in FAULTS.items())
     # fault_int8 reaches the int8 part's code only, as a real int8 knob does
