@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from colibri import _cli
+from colibri.timing import interleaved
 
 BUDGET_US = 30.0  # issue 31's per-call budget for the wrapper
 TINY = dict(E=4, H=64, I=32, k=2, T=1)  # the engine's work is a few microseconds
@@ -28,18 +29,6 @@ TINY = dict(E=4, H=64, I=32, k=2, T=1)  # the engine's work is a few microsecond
 
 def _median(xs):
     return float(np.median(np.asarray(xs, float)))
-
-
-def _time_calls(fn, calls: int) -> float:
-    """Median seconds of one call over `calls` calls, after calls // 10 untimed ones."""
-    for _ in range(max(1, calls // 10)):
-        fn()
-    ts = np.empty(calls)
-    for i in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        ts[i] = time.perf_counter() - t0
-    return float(np.median(ts))
 
 
 def ways(E, H, I, k, T, seed=0, lib=None) -> dict:
@@ -90,12 +79,7 @@ def ways(E, H, I, k, T, seed=0, lib=None) -> dict:
 
 
 def measure(rounds: int, calls: int, lib=None, say=print) -> dict:
-    fns = ways(**TINY, lib=lib)
-    per = {key: [] for key in fns}
-    for r in range(rounds):
-        keys = list(fns)
-        for key in keys[r % len(keys):] + keys[:r % len(keys)]:  # a different one first each round
-            per[key].append(_time_calls(fns[key], calls))
+    per = interleaved(ways(**TINY, lib=lib), rounds, calls)
     rows = []
     for (kind, way), ts in per.items():
         rows.append({"kind": kind, "way": way, "seconds": _median(ts), "round_seconds": ts})
