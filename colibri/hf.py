@@ -24,11 +24,23 @@ run on a few tokens with a clear routing margin (routed_tokens) and must agree (
 quantized: a bound of their own, see CHECK_RTOL). A block that looks like a MoE block but
 breaks the contract (a sigmoid or grouped router, biases, another activation) is refused
 by name with the reason, and the model is left as it was. The original expert tensors go
-with the old block (nothing else holds them), so memory does not double.
+with the old block (nothing else holds them), so memory does not double, unless the block
+hands some calls to the original (below).
 
 With linear=True every torch.nn.Linear left (attention projections, dense MLPs, lm_head)
 goes on a colibri.Linear in the same weight dtype (ColibriLinear; a bias stays torch's),
 checked the same way.
+
+Hand-off (never slower than the original): with handoff="auto" (the default) and f32 or
+bf16 weights (HANDOFF_AUTO_DTYPES: quantized weights are for memory, so "auto" leaves
+those on Colibri), patch() times the original and the new module of each kind (a MoE block
+class; a Linear's shape) on HANDOFF_TOKENS tokens in interleaved rounds, and where the
+original is faster (by HANDOFF_MARGIN) at some token count and every larger one timed,
+calls of at least that many tokens go to the original module, which is then kept beside
+Colibri's copy (its memory stays, and such a call computes with its weights; the module's
+handoff_tokens says where it hands off, None: never). handoff=None never hands off and
+keeps no original; an int, or {"moe": n, "linear": n}, sets the threshold in any dtype,
+without timing. handoffs(model) lists what a patched model does.
 
 Activations: a float32 or bf16 input is passed to the engine without a copy (bf16 rows
 through colibri_layer_forward_bf16 / colibri_dense_forward_bf16, which compute in f32 and
@@ -39,11 +51,14 @@ inference: the patched blocks have no parameters and no gradient.
 """
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import quant
+from .timing import interleaved
 from .layer import MoELayer
 from .linear import Linear
 
@@ -52,6 +67,19 @@ from .linear import Linear
 # tested to 1e-4 per element against float64 (tests/engine)
 CHECK_RTOL = {"f32": 1e-4, "bf16": 3e-2, "int8": 1e-1, "int4g32": 3e-1, "int4": 3e-1}
 CHECK_TOKENS = 8
+# handoff="auto": the token counts at which the original and the new module are timed, the
+# rounds at each, and the seconds of one call past which larger counts are not timed (they
+# follow the largest timed count)
+HANDOFF_TOKENS = (1, 8, 32, 128, 512)
+HANDOFF_ROUNDS = 3
+HANDOFF_MAX_CALL_S = 0.25
+# the original must be this much faster: a near tie is not worth the memory a kept original
+# holds (OLMoE's bf16 MoE block at 512 tokens tied with torch's and flipped between runs)
+HANDOFF_MARGIN = 1.10
+# the weight dtypes "auto" times: a quantized patch is for memory, which a kept original
+# would give back (Qwen3 shape, 4 layers, all:int4 on Zen 4: prefill 2.33x with the
+# hand-offs "auto" found, 2.30x without, resident memory 9.51 against 8.53 GiB)
+HANDOFF_AUTO_DTYPES = ("f32", "bf16")
 
 
 class UnsupportedBlock(ValueError):
@@ -230,6 +258,7 @@ def _module_class():
         def __init__(self, layer: MoELayer, original: str):
             super().__init__()
             self.layer, self.original = layer, original
+            _no_handoff(self)
 
         def forward(self, hidden_states):
             shape, dtype = hidden_states.shape, hidden_states.dtype
@@ -239,6 +268,9 @@ def _module_class():
             if not shape or shape[-1] != self.layer.hidden:
                 raise ValueError(f"{self.original} patched by Colibri takes [..., {self.layer.hidden}] "
                                  f"hidden states; got {tuple(shape)}")
+            if self.handoff_tokens is not None and hidden_states.numel() // shape[-1] >= self.handoff_tokens:
+                out = self._handoff[0](hidden_states)
+                return out[0] if isinstance(out, tuple) else out
             x = hidden_states
             bf16 = dtype == torch.bfloat16  # the engine takes bf16 rows as they are
             if not bf16 and dtype != torch.float32:
@@ -259,7 +291,7 @@ def _module_class():
             L = self.layer
             return (f"{self.original}: {L.n_experts} experts, top {L.top_k}, hidden {L.hidden}, "
                     f"inter {L.inter}{f', shared {L.shared_inter}' if L.shared_inter else ''}, "
-                    f"weights {L.weight_dtype}")
+                    f"weights {L.weight_dtype}{_handoff_repr(self)}")
 
     class ColibriLinear(torch.nn.Module):
         """A torch Linear computed by a colibri.Linear (the bias, if any, added by torch)."""
@@ -268,6 +300,7 @@ def _module_class():
             super().__init__()
             self.lin, self.original = lin, original
             self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+            _no_handoff(self)
 
         def forward(self, x):
             shape, dtype = x.shape, x.dtype
@@ -276,6 +309,8 @@ def _module_class():
             if not shape or shape[-1] != self.lin.cols:
                 raise ValueError(f"{self.original} patched by Colibri takes [..., {self.lin.cols}] "
                                  f"inputs; got {tuple(shape)}")
+            if self.handoff_tokens is not None and x.numel() // shape[-1] >= self.handoff_tokens:
+                return self._handoff[0](x)
             # bf16 rows go to the engine as they are; with a bias, through f32, so that the
             # sum is rounded once
             bf16 = dtype == torch.bfloat16 and self.bias is None
@@ -292,9 +327,89 @@ def _module_class():
 
         def extra_repr(self):
             return (f"in_features={self.lin.cols}, out_features={self.lin.rows}, "
-                    f"bias={self.bias is not None}, weights {self.lin.weight_dtype}")
+                    f"bias={self.bias is not None}, weights {self.lin.weight_dtype}{_handoff_repr(self)}")
 
     return ColibriMoeBlock, ColibriLinear
+
+
+def _no_handoff(mod) -> None:
+    mod.handoff_tokens = None
+    # in a tuple, so that torch does not register the original as a submodule (the model's
+    # named_modules, parameters and state_dict stay those of the patched model)
+    mod._handoff = ()
+
+
+def _set_handoff(mod, original, tokens) -> None:
+    """Calls of mod with at least `tokens` tokens go to `original` (None: none, and the
+    original is not kept)."""
+    mod.handoff_tokens = tokens
+    mod._handoff = () if tokens is None else (original,)
+
+
+def _handoff_repr(mod) -> str:
+    return "" if mod.handoff_tokens is None else f", calls of >= {mod.handoff_tokens} tokens to the original"
+
+
+def measure_handoff(original, new, width: int, model_dtype, tokens=HANDOFF_TOKENS,
+                    rounds: int = HANDOFF_ROUNDS) -> tuple[int | None, dict]:
+    """The token count from which `original` is faster than `new` by HANDOFF_MARGIN (both
+    torch modules taking [1, n, width] in model_dtype) at every count of `tokens` timed, or
+    None; and the medians
+    timed, {n: (original s, new s)}. Interleaved rounds (colibri.timing); each round calls a
+    module about 20 ms' worth of times. Counts past one where a call took HANDOFF_MAX_CALL_S
+    are not timed."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(0)
+    seen = {}
+    for n in tokens:
+        x = torch.randn(1, n, width, generator=g).to(model_dtype)
+
+        def call(m):
+            def f():
+                with torch.no_grad():
+                    m(x)
+            return f
+        fns = {"original": call(original), "colibri": call(new)}
+        t0 = time.perf_counter()
+        for f in fns.values():
+            f()
+        first = (time.perf_counter() - t0) / 2
+        per = interleaved(fns, rounds, calls=max(1, min(50, int(0.02 / max(first, 1e-6)))))
+        seen[n] = (statistics.median(per["original"]), statistics.median(per["colibri"]))
+        if max(seen[n]) > HANDOFF_MAX_CALL_S:
+            break
+    threshold = None
+    for n in reversed(list(seen)):
+        if seen[n][0] * HANDOFF_MARGIN >= seen[n][1]:
+            break
+        threshold = n
+    return threshold, seen
+
+
+def _handoff_rule(handoff, kind: str):
+    """'auto', or the fixed threshold (None: never) of `kind` ('moe', 'linear')."""
+    if handoff == "auto" or handoff is None:
+        return handoff
+    if isinstance(handoff, dict):
+        return handoff.get(kind)
+    return handoff
+
+
+def _check_handoff(handoff) -> None:
+    ok_int = lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)  # noqa: E731
+    if handoff == "auto" or ok_int(handoff):
+        return
+    if isinstance(handoff, dict) and set(handoff) <= {"moe", "linear"} and all(map(ok_int, handoff.values())):
+        return
+    raise ValueError("handoff must be 'auto', None, a token count >= 1, or {'moe': n, 'linear': n} "
+                     f"(n a token count or None); got {handoff!r}")
+
+
+def handoffs(model) -> dict:
+    """{module name: handoff_tokens} of every Colibri module of a patched model (None: all
+    its calls run on Colibri)."""
+    kinds = (colibri_block_class(), colibri_linear_class())
+    return {n: m.handoff_tokens for n, m in model.named_modules() if isinstance(m, kinds)}
 
 
 _CLASSES = None
@@ -360,16 +475,20 @@ def _check(block, new, H: int, where: str, model_dtype, weight_dtype: str, token
 
 
 def patch(model, *, weight_dtype: str = "f32", linear: bool = False, threads=None, lib=None,
-          check: bool = True) -> int:
+          check: bool = True, handoff="auto") -> int:
     """Replace every sparse-MoE block of `model` (a torch module, e.g. a transformers causal
     LM) by a ColibriMoeBlock in `weight_dtype`, and with `linear` every torch.nn.Linear
     left (attention projections, dense MLPs, lm_head) by a ColibriLinear in the same dtype;
     returns how many modules it replaced. Raises UnsupportedBlock naming the first block that
     breaks the contract (module doc), leaving the model as it was. `check`: compare each
-    new module with the original first."""
+    new module with the original first. `handoff`: which calls go to the original module
+    (module doc: "auto" times both; None never; a token count, or {"moe": n, "linear": n})."""
     torch = _torch()
     if weight_dtype not in quant.DTYPES:
         raise ValueError(f"weight_dtype must be one of {quant.DTYPES}, got {weight_dtype!r}")
+    _check_handoff(handoff)
+    if handoff == "auto" and weight_dtype not in HANDOFF_AUTO_DTYPES:
+        handoff = None
     Block = colibri_block_class()
     # names only: a held reference would keep a replaced block's tensors alive
     targets = [(name, type(mod)) for name, mod in model.named_modules()
@@ -390,33 +509,42 @@ def patch(model, *, weight_dtype: str = "f32", linear: bool = False, threads=Non
 
     # the first block of each class is built and checked before any is swapped in: a
     # refused class leaves the model as it was
-    first = {}
+    first, threshold = {}, {}
+    rule = _handoff_rule(handoff, "moe")
     for name, cls in targets:
         if cls not in first:
-            first[cls] = (name, make(name, model.get_submodule(name)))
+            block = model.get_submodule(name)
+            first[cls] = (name, make(name, block))
+            threshold[cls] = (measure_handoff(block, first[cls][1], first[cls][1].layer.hidden, model_dtype)[0]
+                              if rule == "auto" else rule)
+            del block
     done = 0
     for name, cls in targets:
         kept = first.pop(cls) if first.get(cls, ("",))[0] == name else None
+        block = model.get_submodule(name)
         try:
-            new = kept[1] if kept else make(name, model.get_submodule(name))
+            new = kept[1] if kept else make(name, block)
         except UnsupportedBlock as exc:
             raise UnsupportedBlock(f"{exc} ({done} blocks before it were replaced)") from None
+        _set_handoff(new, block, threshold[cls])
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, new)  # the old block, and its expert tensors, go with it
-        del new, kept
+        setattr(parent, attr, new)  # without a hand-off the old block, and its expert tensors, go with it
+        del new, kept, block
         done += 1
     if linear:
-        done += _patch_linears(model, weight_dtype, threads, lib, check, model_dtype)
+        done += _patch_linears(model, weight_dtype, threads, lib, check, model_dtype, _handoff_rule(handoff, "linear"))
     return done
 
 
-def _patch_linears(model, weight_dtype, threads, lib, check, model_dtype) -> int:
+def _patch_linears(model, weight_dtype, threads, lib, check, model_dtype, rule) -> int:
     """Every torch.nn.Linear left (attention projections, dense MLPs, lm_head) on a
-    colibri.Linear; each checked against the original, then swapped in."""
+    colibri.Linear; each checked against the original, then swapped in (its hand-off, with
+    rule 'auto', timed on the first Linear of each shape)."""
     torch = _torch()
     Lin = colibri_linear_class()
     names = [n for n, m in model.named_modules() if n and type(m) is torch.nn.Linear]
+    threshold = {}
     for name in names:
         mod = model.get_submodule(name)
         st, sc = _encode_matrix(mod.weight, weight_dtype)
@@ -425,6 +553,10 @@ def _patch_linears(model, weight_dtype, threads, lib, check, model_dtype) -> int
         del st, sc
         if check:
             _check(mod, new, mod.in_features, name, model_dtype, weight_dtype)
+        key = (mod.in_features, mod.out_features, mod.bias is not None)
+        if key not in threshold:
+            threshold[key] = measure_handoff(mod, new, mod.in_features, model_dtype)[0] if rule == "auto" else rule
+        _set_handoff(new, mod, threshold[key])
         parent_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
         del mod, new

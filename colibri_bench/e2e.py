@@ -6,7 +6,7 @@ real shapes (no download).
     python -m colibri_bench e2e [--shape qwen3-30b-a3b|olmoe-1b-7b] [--layers 4]
                                 [--variant moe:bf16 --variant all:int4 ...] [--prompt-tokens 128]
                                 [--new-tokens 16] [--rounds 3] [--threads 2] [--peer llama.cpp]
-                                [--out FILE]
+                                [--handoff auto|off|N] [--out FILE]
 
 The model is built in bf16 with the shape's real hidden, expert, attention and vocabulary
 sizes and `--layers` decoder layers. For each variant (moe:DTYPE, the MoE blocks on
@@ -20,10 +20,14 @@ over its time) and its % of the read bandwidth measured between rounds (issue 31
 With --peer llama.cpp, each variant also runs the same model through llama.cpp
 (colibri_bench/peers/llamacpp.py: a GGUF file in the variant's weight type, bf16, q8_0 for
 int8 or q4_0 for int4, run by llama-cpp-python) in the same rounds, checked first against
-transformers' logits. The JSON goes to reports/<host-id>/e2e.json beside bench.json.
+transformers' logits. --handoff is patch()'s (colibri.hf: which calls go to the original
+module; auto, the default, times both at patch time); each variant's JSON lists every
+module's threshold. The JSON goes to reports/<host-id>/e2e.json beside bench.json.
 """
 from __future__ import annotations
 
+import argparse
+import collections
 import datetime
 import gc
 import json
@@ -315,8 +319,10 @@ def _run_variant(args, variant, base, base_clock, base_bytes, sizes, want, peer,
     patched = build_model(args.shape, args.layers)
     rss0 = _rss()
     t0 = time.perf_counter()
-    n = hf.patch(patched, weight_dtype=wdt, linear=scope == "all", threads=args.threads)
+    n = hf.patch(patched, weight_dtype=wdt, linear=scope == "all", threads=args.threads, handoff=args.handoff)
     patch_s = time.perf_counter() - t0
+    handoffs = hf.handoffs(patched)
+    say(f"  patched {n} modules in {patch_s:.1f} s; {handoff_summary(handoffs)}")
     gc.collect()
     rss1 = _rss()
     # the patched model's prompt logits against the unpatched model's (as the peer's are)
@@ -355,7 +361,7 @@ def _run_variant(args, variant, base, base_clock, base_bytes, sizes, want, peer,
     nb = decode_bytes(patched, sizes["num_experts"], sizes["num_experts_per_tok"])
     # resident memory of the process (both models) before and after the patch: the
     # replaced modules' tensors go, Colibri's copies in wdt come
-    out = {"modules": n, "patch_s": patch_s, "logits_rel_err": err, "rss_before_patch": rss0,
+    out = {"modules": n, "patch_s": patch_s, "handoff": args.handoff, "handoffs": handoffs, "logits_rel_err": err, "rss_before_patch": rss0,
            "rss_after_patch": rss1, **summary,
            "read_bw_gbps": bw, "read_bw_rounds": bws,
            "decode_bandwidth": {"unpatched": part_bandwidth(base_bytes, summary["unpatched"], bw),
@@ -373,6 +379,28 @@ def _run_variant(args, variant, base, base_clock, base_bytes, sizes, want, peer,
     del patched, clock
     gc.collect()
     return out
+
+
+def handoff_summary(handoffs: dict) -> str:
+    """'hand-off: none', or how many modules hand calls of >= n tokens to the original."""
+    by = collections.Counter(v for v in handoffs.values() if v is not None)
+    if not by:
+        return "hand-off: none"
+    return "hand-off: " + ", ".join(f"{c} module(s) from {n} tokens" for n, c in sorted(by.items()))
+
+
+def _handoff_arg(v: str):
+    if v == "auto":
+        return v
+    if v == "off":
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected auto, off or a token count >= 1, got {v!r}")
+    return n
 
 
 def print_table(out: dict, stream=sys.stdout) -> None:
@@ -448,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer", choices=["llama.cpp"],
                     help="also run the same model through llama.cpp (llama-cpp-python; GGUF written with "
                     "the gguf package) in each variant's weight type: bf16, q8_0 for int8, q4_0 for int4")
+    ap.add_argument("--handoff", type=_handoff_arg, default="auto",
+                    help="patch()'s hand-off to the original modules: auto (timed at patch time, the "
+                    "default), off, or a token count")
     ap.add_argument("--out", help="JSON output (default reports/<host-id>/e2e.json)")
     args = ap.parse_args(argv)
     if args.new_tokens < 2:

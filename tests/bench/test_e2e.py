@@ -16,13 +16,16 @@ def test_e2e_writes_patched_against_unpatched_figures(tmp_path):
     out = tmp_path / "e2e.json"
     res = subprocess.run([sys.executable, "-m", "colibri_bench", "e2e", "--shape", "tiny", "--layers", "2",
                           "--variant", "moe:bf16", "--variant", "all:int4g32", "--rounds", "2",
-                          "--prompt-tokens", "12", "--new-tokens", "3", "--out", str(out)],
+                          "--prompt-tokens", "12", "--new-tokens", "3", "--handoff", "off", "--out", str(out)],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())
     assert set(data["results"]) == {"moe:bf16", "all:int4g32"}
     for wdt, r in data["results"].items():
         assert r["modules"] == (2 if wdt == "moe:bf16" else 2 + 4 * 2 + 1)
+        # every call on Colibri (--handoff off): the byte counts below are its modules'
+        assert r["handoff"] is None and len(r["handoffs"]) == r["modules"]
+        assert set(r["handoffs"].values()) == {None}
         assert len(r["rounds"]["unpatched"]) == len(r["rounds"]["patched"]) == 2
         for side in ("unpatched", "patched"):
             row = r[side]
@@ -71,3 +74,13 @@ def test_e2e_refuses_too_few_new_tokens():
     res = subprocess.run([sys.executable, "-m", "colibri_bench", "e2e", "--new-tokens", "1"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--new-tokens" in res.stderr
+    for bad in ("0", "sometimes"):
+        res = subprocess.run([sys.executable, "-m", "colibri_bench", "e2e", "--handoff", bad],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and "--handoff" in res.stderr and "auto, off or a token count" in res.stderr
+
+
+def test_handoff_summary_counts_modules_by_threshold():
+    assert e2e.handoff_summary({"a": None}) == "hand-off: none"
+    assert e2e.handoff_summary({"a": 128, "b": None, "c": 128, "d": 8}) == \
+        "hand-off: 1 module(s) from 8 tokens, 2 module(s) from 128 tokens"

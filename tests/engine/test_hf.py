@@ -67,7 +67,7 @@ def _rel(a, b):
 def test_f32_logits_and_greedy_tokens_match_the_unpatched_model(family):
     model = make_model(family)
     patched = copy_of(model)
-    n = hf.patch(patched, weight_dtype="f32")
+    n = hf.patch(patched, weight_dtype="f32", handoff=None)
     assert n == COMMON["num_hidden_layers"]
     assert sum(isinstance(m, hf.colibri_block_class()) for m in patched.modules()) == n
     ids = _ids()
@@ -94,7 +94,7 @@ LINEAR_RTOL = {"bf16": 1e-2, "int8": 5e-2, "int4": 0.4, "int4g32": 0.4}
 def test_linear_true_f32_is_exact_too(family):
     model = make_model(family, seed=2)
     patched = copy_of(model)
-    n = hf.patch(patched, weight_dtype="f32", linear=True)
+    n = hf.patch(patched, weight_dtype="f32", linear=True, handoff=None)
     L = COMMON["num_hidden_layers"]
     assert n == L + 4 * L + 1  # MoE blocks, q/k/v/o per layer, lm_head
     assert not any(type(m) is torch.nn.Linear for m in patched.modules())
@@ -109,7 +109,7 @@ def test_linear_true_f32_is_exact_too(family):
 def test_linear_true_quantized_stays_within_its_bounds(dtype):
     model = make_model("qwen3_moe", seed=3)
     patched = copy_of(model)
-    hf.patch(patched, weight_dtype=dtype, linear=True)
+    hf.patch(patched, weight_dtype=dtype, linear=True, handoff=None)
     ids = _ids(seed=4)
     with torch.no_grad():
         err = _rel(patched(ids).logits, model(ids).logits)
@@ -120,7 +120,7 @@ def test_linear_true_quantized_stays_within_its_bounds(dtype):
 def test_quantized_experts_stay_within_their_bounds(dtype):
     model = make_model("qwen2_moe", seed=3)
     patched = copy_of(model)
-    hf.patch(patched, weight_dtype=dtype)
+    hf.patch(patched, weight_dtype=dtype, handoff=None)
     ids = _ids(seed=4)
     with torch.no_grad():
         err = _rel(patched(ids).logits, model(ids).logits)
@@ -131,7 +131,7 @@ def test_quantized_experts_stay_within_their_bounds(dtype):
 def test_a_bf16_model_gets_bf16_in_and_out():
     model = make_model("qwen3_moe", seed=5).to(torch.bfloat16)
     ref = copy_of(model)
-    hf.patch(model, weight_dtype="bf16")
+    hf.patch(model, weight_dtype="bf16", handoff=None)
     block = model.model.layers[0].mlp
     x = torch.randn(2, 5, COMMON["hidden_size"]).to(torch.bfloat16)
     with torch.no_grad():  # the same bf16 weights computed in float32: only y's rounding apart
@@ -157,14 +157,14 @@ def test_a_bf16_model_with_near_tied_routers_patches():
     logits = tokens.astype(np.float64) @ block.gate.weight.detach().double().numpy().T
     top = np.sort(logits, axis=1)[:, ::-1]
     assert (top[:, 7] - top[:, 8] >= np.abs(top[:, 0]) / 16).all()
-    assert hf.patch(model, weight_dtype="bf16") == COMMON["num_hidden_layers"]
+    assert hf.patch(model, weight_dtype="bf16", handoff=None) == COMMON["num_hidden_layers"]
 
 
 def test_replaced_blocks_and_layers_are_freed():
     model = make_model("mixtral", seed=6)
     old = [weakref.ref(layer.mlp) for layer in model.model.layers]
     old_experts = [weakref.ref(layer.mlp.experts.gate_up_proj) for layer in model.model.layers]
-    hf.patch(model)
+    hf.patch(model, handoff=None)
     gc.collect()
     assert all(r() is None for r in old), "a replaced block is still referenced"
     assert all(r() is None for r in old_experts), "the original expert tensors are still alive"
@@ -187,7 +187,7 @@ def test_a_block_outside_the_contract_is_refused_by_name_and_the_model_kept():
 
     model.model.layers[1].mlp.gate = SigmoidRouter(model.model.layers[1].mlp.gate)
     with pytest.raises(hf.UnsupportedBlock, match=r"model\.layers\.1\.mlp.*e_score_correction_bias"):
-        hf.patch(model)
+        hf.patch(model, handoff=None)
     assert not any(isinstance(m, hf.colibri_block_class()) for m in model.modules())
     assert type(model.model.layers[0].mlp) is before["model.layers.0.mlp"]
 
@@ -197,13 +197,13 @@ def test_a_block_that_computes_something_else_fails_the_check():
     for layer in model.model.layers:  # gelu experts: the same tensors, another function
         layer.mlp.experts.act_fn = torch.nn.GELU()
     with pytest.raises(hf.UnsupportedBlock, match="activation gelu"):
-        hf.patch(model)
+        hf.patch(model, handoff=None)
     for layer in model.model.layers:
         layer.mlp.experts.act_fn = torch.nn.Tanh()  # a name the contract cannot tell
         del layer.mlp.experts.act_fn
         layer.mlp.experts.act_fn = lambda v: torch.tanh(v)
     with pytest.raises(hf.UnsupportedBlock, match="differs from the block"):
-        hf.patch(model)
+        hf.patch(model, handoff=None)
     assert not any(isinstance(m, hf.colibri_block_class()) for m in model.modules())
 
 
@@ -287,7 +287,7 @@ def test_the_patched_modules_refuse_a_wrong_width_and_match_the_checked_call():
     # the modules call the engine by address (MoELayer/Linear._forward_ptrs): their own
     # checks must stand in for __call__'s, and their output must be __call__'s
     model = make_model("qwen3_moe", seed=5)
-    hf.patch(model, weight_dtype="f32", linear=True)
+    hf.patch(model, weight_dtype="f32", linear=True, handoff=None)
     blocks = [m for m in model.modules() if isinstance(m, hf.colibri_block_class())]
     lins = [m for m in model.modules() if isinstance(m, hf.colibri_linear_class())]
     assert blocks and lins
@@ -313,3 +313,95 @@ def test_the_patched_modules_refuse_a_wrong_width_and_match_the_checked_call():
             lin(torch.randn(2, lin.lin.cols - 1))
         with pytest.raises(ValueError, match="tokens is outside"):
             blk.layer._forward_ptrs(x.data_ptr(), x.data_ptr(), -1)
+
+
+# ---- the hand-off to the original module (never slower than unpatched)
+
+def test_a_fixed_handoff_sends_calls_from_that_many_tokens_to_the_original():
+    model = make_model("qwen3_moe", seed=10)
+    ref = copy_of(model)
+    old_block = weakref.ref(model.model.layers[0].mlp)
+    hf.patch(model, weight_dtype="int8", linear=True, handoff={"moe": 4, "linear": 6})
+    gc.collect()
+    assert old_block() is not None, "a module that hands off keeps its original"
+    kept = hf.handoffs(model)
+    assert sorted(set(kept.values())) == [4, 6] and len(kept) == 2 + 4 * 2 + 1
+    assert "calls of >= 4 tokens to the original" in repr(model.model.layers[0].mlp)
+    blk, want_blk = model.model.layers[0].mlp, ref.model.layers[0].mlp
+    lin, want_lin = model.model.layers[0].self_attn.q_proj, ref.model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        for n in (1, 3, 4, 9):  # int8 weights: Colibri's output differs from the original's
+            x = torch.randn(1, n, COMMON["hidden_size"])
+            assert torch.equal(blk(x), want_blk(x)) == (n >= 4), n
+            assert torch.equal(lin(x), want_lin(x)) == (n >= 6), n
+        # tokens are counted over every leading dimension
+        assert torch.equal(blk(torch.ones(2, 2, COMMON["hidden_size"])), want_blk(torch.ones(2, 2, COMMON["hidden_size"])))
+
+
+def test_no_handoff_keeps_no_original_and_bad_values_are_refused():
+    model = make_model("olmoe", seed=11)
+    hf.patch(model, weight_dtype="f32", linear=True, handoff=None)
+    assert set(hf.handoffs(model).values()) == {None}
+    assert all(m._handoff == () for m in model.modules() if isinstance(m, hf.colibri_block_class()))
+    for bad in (0, -3, 2.5, True, "always", {"moe": 0}, {"attention": 4}):
+        with pytest.raises(ValueError, match="handoff must be"):
+            hf.patch(make_model("olmoe", seed=11), handoff=bad)
+
+
+class _Sleeper(torch.nn.Module):
+    """A stand-in module whose call on n tokens takes fixed + per_token * n seconds."""
+
+    def __init__(self, fixed, per_token):
+        super().__init__()
+        self.fixed, self.per_token = fixed, per_token
+
+    def forward(self, x):
+        import time
+
+        time.sleep(self.fixed + self.per_token * (x.numel() // x.shape[-1]))
+        return x
+
+
+def test_auto_handoff_finds_where_the_original_gets_faster():
+    # original: 2 ms + 2 us a token; new: 100 us a token: new wins at 1 and 8 tokens, the
+    # original from 32 (2.06 against 3.2 ms) on
+    thr, seen = hf.measure_handoff(_Sleeper(2e-3, 2e-6), _Sleeper(0.0, 1e-4), 8, torch.float32,
+                                   tokens=(1, 8, 32, 128), rounds=3)
+    assert sorted(seen) == [1, 8, 32, 128]
+    assert seen[1][0] > seen[1][1] and seen[128][0] < seen[128][1]
+    assert thr == 32
+    # the original never faster: no hand-off; faster only at the smallest count: none either
+    assert hf.measure_handoff(_Sleeper(1e-3, 1e-5), _Sleeper(0.0, 1e-6), 8, torch.float32,
+                              tokens=(1, 32), rounds=2)[0] is None
+    assert hf.measure_handoff(_Sleeper(0.0, 1e-6), _Sleeper(1e-3, 0.0), 8, torch.float32,
+                              tokens=(1, 2000), rounds=2)[0] is None
+    # a near tie (the original 4% faster everywhere) keeps no original
+    assert hf.HANDOFF_MARGIN > 1.04
+    assert hf.measure_handoff(_Sleeper(5e-3, 0.0), _Sleeper(5.2e-3, 0.0), 8, torch.float32,
+                              tokens=(1, 8), rounds=3)[0] is None
+
+
+def test_auto_handoff_on_a_model_records_a_threshold_per_module():
+    model = make_model("mixtral", seed=12)
+    ref = copy_of(model)
+    hf.patch(model, weight_dtype="f32", linear=True)  # handoff="auto"
+    kept = hf.handoffs(model)
+    assert len(kept) == 2 + 4 * 2 + 1
+    assert set(kept.values()) <= {None, *hf.HANDOFF_TOKENS}
+    ids = _ids(seed=13)
+    with torch.no_grad():  # whichever path each call takes, f32 stays exact
+        assert _rel(model(ids).logits, ref(ids).logits) <= 1e-4
+
+
+def test_auto_handoff_times_only_unquantized_patches(monkeypatch):
+    timed = []
+    monkeypatch.setattr(hf, "measure_handoff", lambda *a, **k: (timed.append(1), (1, {}))[1])
+    model = make_model("qwen3_moe", seed=14)
+    hf.patch(model, weight_dtype="int4", linear=True)  # "auto": quantized, so never timed
+    assert not timed and set(hf.handoffs(model).values()) == {None}
+    model = make_model("qwen3_moe", seed=14)
+    hf.patch(model, weight_dtype="bf16", linear=True)
+    assert timed and set(hf.handoffs(model).values()) == {1}
+    model = make_model("qwen3_moe", seed=14)
+    hf.patch(model, weight_dtype="int8", handoff=64)  # a fixed threshold holds in any dtype
+    assert set(hf.handoffs(model).values()) == {64}
