@@ -2,7 +2,7 @@
 
 The replay runs every seed and every regression input (each one crashed the engine
 once) through the libFuzzer target built with AddressSanitizer and UBSan; the session
-fuzzes for COLIBRI_FUZZ_SECONDS (default 60) and fails on any crash, hang, leak of
+fuzzes for COLIBRI_FUZZ_SECONDS (default 30) and fails on any crash, hang, leak of
 memory past the limit, sanitizer report or broken invariant. Both skip, saying why,
 where clang or its libFuzzer runtime is missing.
 """
@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "fuzz"))
 import driver  # noqa: E402  (fuzz/driver.py, what scripts/fuzz runs)
 import make_seeds  # noqa: E402
 
-FUZZ_SECONDS = int(os.environ.get("COLIBRI_FUZZ_SECONDS", "60"))
+FUZZ_SECONDS = int(os.environ.get("COLIBRI_FUZZ_SECONDS", "30"))
 
 
 @pytest.fixture(scope="module")

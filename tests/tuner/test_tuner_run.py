@@ -294,7 +294,12 @@ def _tuned_set(build: Path):
     return manifest["knobs"], config
 
 
-def test_kill_9_at_20_random_points_loses_nothing_and_ends_as_an_uninterrupted_run(tmp_path):
+# kill points per phase (probing, building, measuring, emitting): 12 in CI; the longer
+# version (22 points, as before 2026-12-06) is COLIBRI_KILL_POINTS=2 (the multiplier)
+KILL_PLAN = (2, 3, 4, 3)
+
+
+def test_kill_9_at_random_points_loses_nothing_and_ends_as_an_uninterrupted_run(tmp_path):
     import random
 
     templates = make_broken_templates(tmp_path / "templates")
@@ -306,10 +311,12 @@ def test_kill_9_at_20_random_points_loses_nothing_and_ends_as_an_uninterrupted_r
               *_space_args(["none", "slow", "wrong", "oob_out"])]
     cmd = [sys.executable, "-m", "tuner", "run", *common, "--store", str(store)]
     rng = random.Random(20240606)
-    plan = ([("probing", rng.uniform(0, 0.4)) for _ in range(4)]
-            + [("building", rng.uniform(0, 2.5)) for _ in range(5)]
-            + [("measuring", rng.uniform(0, 0.6)) for _ in range(8)]
-            + [("emitting", rng.uniform(0, 2.5)) for _ in range(5)])
+    times = int(os.environ.get("COLIBRI_KILL_POINTS", "1"))
+    counts = [n * times for n in KILL_PLAN]
+    plan = ([("probing", rng.uniform(0, 0.4)) for _ in range(counts[0])]
+            + [("building", rng.uniform(0, 2.5)) for _ in range(counts[1])]
+            + [("measuring", rng.uniform(0, 0.6)) for _ in range(counts[2])]
+            + [("emitting", rng.uniform(0, 2.5)) for _ in range(counts[3])])
     kills, snapshots = [], []
     for target, delay in plan:
         # A run that ends before its kill has outrun the drawn delay (emitting takes about
@@ -335,7 +342,7 @@ def test_kill_9_at_20_random_points_loses_nothing_and_ends_as_an_uninterrupted_r
     per_phase = {p: kills.count(p) for p in PHASES}
     print(f"\nkill points {len(kills)} {per_phase}; rows committed before kills "
           f"{sum(map(len, snapshots))} (max {max(map(len, snapshots))}); lost {lost}")
-    assert len(kills) >= 20 and lost == 0
+    assert len(kills) >= len(plan) - 2 and lost == 0
     assert sum(1 for p in PHASES if per_phase[p]) >= 3, per_phase
     from tuner.store import Store
 
