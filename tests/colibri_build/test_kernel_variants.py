@@ -188,15 +188,35 @@ def expected(cases):
     return get
 
 
+@pytest.fixture(scope="module")
+def build_root(tmp_path_factory):
+    """One build folder for every corner: a profile's objects outside the kernel parts
+    (pool, routing, layer, loader, ...) do not depend on the knobs, so the corners after
+    the first of their profile compile only their parts (x86-64-v4: 4.8 s against 8.1)."""
+    return tmp_path_factory.mktemp("corners")
+
+
+def _build_corner(profile, cfg, build_root, tmp_path):
+    """The corner's library, copied out of the shared folder (the next corner's build
+    replaces it there, and a path dlopen has seen names the library loaded first)."""
+    import shutil
+
+    built = build_profile(profile, config=cfg, build_dir=build_root, quiet=True)
+    (tmp_path / "lib").mkdir()
+    for name in ("libcolibri.so", "build_info.json"):
+        shutil.copy2(built.parent / name, tmp_path / "lib" / name)
+    return tmp_path / "lib" / "libcolibri.so"
+
+
 @pytest.mark.parametrize("corner", CORNERS, ids=lambda c: "-".join(map(str, c)))
-def test_corner_builds_and_is_correct(tmp_path, cases, expected, corner):
+def test_corner_builds_and_is_correct(tmp_path, cases, expected, build_root, corner):
     profile, ok, why = _corner_profile(corner)
     knobs = _knobs(corner)
     cfg = render.write_config_h(tmp_path / "config.h", knobs, signature="0", profile=profile)
     if not ok:
         _emulated(profile, cfg, tmp_path, why)
         return
-    lib = build_profile(profile, config=cfg, build_dir=tmp_path / "build", quiet=True)
+    lib = _build_corner(profile, cfg, build_root, tmp_path)
     for i, case in enumerate(cases):
         for dtype in ("f32", "bf16", "int8", "int4g32", "int4"):
             L = colibri.MoELayer(case.router, case.gate, case.up, case.down, weight_dtype=dtype,
