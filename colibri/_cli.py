@@ -75,6 +75,21 @@ def fraction(text: str) -> float:
     return v
 
 
+def handoff(text: str):
+    """colibri.hf.patch's handoff: 'auto', 'off' (None) or a token count >= 1."""
+    if text == "auto":
+        return text
+    if text == "off":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected auto, off or a token count >= 1, got {text!r}")
+    return n
+
+
 def run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     """Parse argv and run the chosen command's `func(args)`; a UsageError it raises is
     printed as '<prog> <command>: <message>' and gives exit status 2."""

@@ -1,7 +1,8 @@
 """python -m colibri generate: a local transformers checkpoint, patched, streaming its text.
 
     python -m colibri generate --model DIR --prompt TEXT [--weight-dtype int4]
-                               [--max-new-tokens N] [--threads T] [--no-patch] [--json]
+                               [--max-new-tokens N] [--threads T] [--no-patch]
+                               [--handoff auto|off|N] [--json]
 
 Loads the checkpoint folder DIR (config.json, its weights and its tokenizer) with
 transformers, never fetching anything from a hub; replaces its sparse-MoE blocks by
@@ -29,6 +30,7 @@ EPILOG = "Exit status: 0 generated; 1 failure (message on stderr); 2 usage error
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from . import _cli
     from ._cli import positive_int
 
     p.add_argument("--model", required=True, metavar="DIR", help="a checkpoint folder saved by save_pretrained")
@@ -39,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=None,
                    help="threads of Colibri's layers and of torch (default: one per CPU)")
     p.add_argument("--no-patch", action="store_true", help="run the model as transformers has it (a baseline)")
+    p.add_argument("--handoff", type=_cli.handoff, default="auto",
+                   help="colibri.hf.patch's hand-off of calls to the original modules: auto (timed at "
+                   "patch time for f32/bf16 weights, the default), off, or a token count")
     p.add_argument("--json", action="store_true", help="print one JSON object (text and figures)")
 
 
@@ -111,7 +116,7 @@ def run(args) -> dict:
     replaced = 0
     t0 = time.perf_counter()
     if not args.no_patch:
-        replaced = hf.patch(model, weight_dtype=wdt, threads=args.threads)
+        replaced = hf.patch(model, weight_dtype=wdt, threads=args.threads, handoff=args.handoff)
         if replaced == 0:
             raise ValueError(f"--model {args.model}: {type(model).__name__} has no sparse-MoE block "
                              "Colibri can replace (use --no-patch to run it as it is)")
@@ -130,7 +135,8 @@ def run(args) -> dict:
             "weight_dtype": None if args.no_patch else wdt, "model_dtype": str(dtype).replace("torch.", ""),
             "threads": args.threads or os.cpu_count(), "prompt_tokens": prompt_tokens, "new_tokens": new,
             "text": tok.decode(out[0, prompt_tokens:], skip_special_tokens=True),
-            "patch_s": round(patch_s, 3), "prefill_s": prefill_s,
+            "patch_s": round(patch_s, 3), "handoffs": {} if args.no_patch else hf.handoffs(model),
+            "prefill_s": prefill_s,
             "prefill_tokens_per_s": prompt_tokens / prefill_s if prefill_s > 0 else None,
             "decode_tokens_per_s": (new - 1) / decode_s if new > 1 and decode_s > 0 else None,
             "peak_rss_bytes": _peak_rss_bytes()}
@@ -146,9 +152,12 @@ def main(args) -> int:
         json.dump(res, sys.stdout, indent=1)
         print()
         return 0
+    from . import hf
+
     fmt = lambda v: "n/a" if v is None else f"{v:.2f}"
+    how = f"{res['weight_dtype']}; {hf.handoff_summary(res['handoffs'])}" if res["weight_dtype"] else "not patched"
     print(f"colibri generate: {res['architecture']}, {res['patched_blocks']} MoE blocks on Colibri "
-          f"({res['weight_dtype'] or 'not patched'}); prefill {res['prompt_tokens']} tokens at "
+          f"({how}); prefill {res['prompt_tokens']} tokens at "
           f"{fmt(res['prefill_tokens_per_s'])} tok/s, decode {res['new_tokens']} tokens at "
           f"{fmt(res['decode_tokens_per_s'])} tok/s; peak RSS {res['peak_rss_bytes'] / 2**20:.0f} MiB",
           file=sys.stderr)

@@ -51,6 +51,7 @@ inference: the patched blocks have no parameters and no gradient.
 """
 from __future__ import annotations
 
+import collections
 import statistics
 import time
 from dataclasses import dataclass
@@ -410,6 +411,14 @@ def handoffs(model) -> dict:
     its calls run on Colibri)."""
     kinds = (colibri_block_class(), colibri_linear_class())
     return {n: m.handoff_tokens for n, m in model.named_modules() if isinstance(m, kinds)}
+
+
+def handoff_summary(handoffs: dict) -> str:
+    """'hand-off: none', or how many modules hand calls of >= n tokens to the original."""
+    by = collections.Counter(v for v in handoffs.values() if v is not None)
+    if not by:
+        return "hand-off: none"
+    return "hand-off: " + ", ".join(f"{c} module(s) from {n} tokens" for n, c in sorted(by.items()))
 
 
 _CLASSES = None

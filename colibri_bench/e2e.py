@@ -26,8 +26,6 @@ module's threshold. The JSON goes to reports/<host-id>/e2e.json beside bench.jso
 """
 from __future__ import annotations
 
-import argparse
-import collections
 import datetime
 import gc
 import json
@@ -322,7 +320,7 @@ def _run_variant(args, variant, base, base_clock, base_bytes, sizes, want, peer,
     n = hf.patch(patched, weight_dtype=wdt, linear=scope == "all", threads=args.threads, handoff=args.handoff)
     patch_s = time.perf_counter() - t0
     handoffs = hf.handoffs(patched)
-    say(f"  patched {n} modules in {patch_s:.1f} s; {handoff_summary(handoffs)}")
+    say(f"  patched {n} modules in {patch_s:.1f} s; {hf.handoff_summary(handoffs)}")
     gc.collect()
     rss1 = _rss()
     # the patched model's prompt logits against the unpatched model's (as the peer's are)
@@ -379,28 +377,6 @@ def _run_variant(args, variant, base, base_clock, base_bytes, sizes, want, peer,
     del patched, clock
     gc.collect()
     return out
-
-
-def handoff_summary(handoffs: dict) -> str:
-    """'hand-off: none', or how many modules hand calls of >= n tokens to the original."""
-    by = collections.Counter(v for v in handoffs.values() if v is not None)
-    if not by:
-        return "hand-off: none"
-    return "hand-off: " + ", ".join(f"{c} module(s) from {n} tokens" for n, c in sorted(by.items()))
-
-
-def _handoff_arg(v: str):
-    if v == "auto":
-        return v
-    if v == "off":
-        return None
-    try:
-        n = int(v)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected auto, off or a token count >= 1, got {v!r}")
-    return n
 
 
 def print_table(out: dict, stream=sys.stdout) -> None:
@@ -476,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer", choices=["llama.cpp"],
                     help="also run the same model through llama.cpp (llama-cpp-python; GGUF written with "
                     "the gguf package) in each variant's weight type: bf16, q8_0 for int8, q4_0 for int4")
-    ap.add_argument("--handoff", type=_handoff_arg, default="auto",
+    ap.add_argument("--handoff", type=_cli.handoff, default="auto",
                     help="patch()'s hand-off to the original modules: auto (timed at patch time, the "
                     "default), off, or a token count")
     ap.add_argument("--out", help="JSON output (default reports/<host-id>/e2e.json)")

@@ -81,6 +81,8 @@ def test_e2e_refuses_too_few_new_tokens():
 
 
 def test_handoff_summary_counts_modules_by_threshold():
-    assert e2e.handoff_summary({"a": None}) == "hand-off: none"
-    assert e2e.handoff_summary({"a": 128, "b": None, "c": 128, "d": 8}) == \
+    from colibri import hf
+
+    assert hf.handoff_summary({"a": None}) == "hand-off: none"
+    assert hf.handoff_summary({"a": 128, "b": None, "c": 128, "d": 8}) == \
         "hand-off: 1 module(s) from 8 tokens, 2 module(s) from 128 tokens"

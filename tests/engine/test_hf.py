@@ -256,13 +256,19 @@ def test_generate_streams_text_and_reports_speed_and_memory(checkpoint):
     res = _generate("--model", str(checkpoint), "--prompt", prompt, "--max-new-tokens", "6", "--threads", "2")
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip(), "no text streamed"
-    assert "2 MoE blocks on Colibri (f32)" in res.stderr and "tok/s" in res.stderr and "peak RSS" in res.stderr
+    assert "2 MoE blocks on Colibri (f32; hand-off: " in res.stderr and "tok/s" in res.stderr
+    assert "peak RSS" in res.stderr
     js = _generate("--model", str(checkpoint), "--prompt", prompt, "--max-new-tokens", "6", "--json")
     assert js.returncode == 0, js.stderr[-3000:]
     out = json.loads(js.stdout)
     assert out["patched_blocks"] == 2 and out["new_tokens"] == 6 and out["prompt_tokens"] == 4
     assert out["prefill_tokens_per_s"] > 0 and out["decode_tokens_per_s"] > 0 and out["peak_rss_bytes"] > 0
     assert out["text"].strip() == res.stdout.strip()
+    # patch's hand-off, per module: a fixed threshold is each MoE block's
+    assert len(out["handoffs"]) == 2
+    fixed = json.loads(_generate("--model", str(checkpoint), "--prompt", prompt, "--max-new-tokens", "2",
+                                 "--json", "--handoff", "7").stdout)
+    assert set(fixed["handoffs"].values()) == {7}
     base = json.loads(_generate("--model", str(checkpoint), "--prompt", prompt, "--max-new-tokens", "6",
                                 "--json", "--no-patch").stdout)
     assert base["patched_blocks"] == 0 and base["text"] == out["text"]  # greedy: the same tokens
@@ -281,6 +287,8 @@ def test_generate_errors_are_clear(tmp_path, checkpoint):
     assert res.returncode == 1 and "architecture" in res.stderr and "Traceback" not in res.stderr
     res = _generate("--model", str(checkpoint), "--prompt", "w1", "--max-new-tokens", "0")
     assert res.returncode == 2
+    res = _generate("--model", str(checkpoint), "--prompt", "w1", "--handoff", "never")
+    assert res.returncode == 2 and "auto, off or a token count" in res.stderr
 
 
 def test_the_patched_modules_refuse_a_wrong_width_and_match_the_checked_call():
