@@ -81,12 +81,14 @@ class MoELayer:
     when shared_expert_gate [H] (or transformers' [1, H]) is given. Calling the layer on float32 x [T, H] returns
     moe(x) [T, H] (no residual). close() (or leaving a `with` block) frees the engine's copy
     at once; using the layer after it raises ValueError. Calls on one layer from several
-    Python threads run one at a time (close() must not free it under a call)."""
+    Python threads run one at a time (close() must not free it under a call). hugepages
+    (default True) puts an arena of 2 MiB or more on huge pages where the host gives them
+    (hugetlb, else transparent huge pages); page_kind says what it got."""
 
     def __init__(self, router, gate, up, down, *, top_k, scoring="softmax", norm_topk_prob=True,
                  shared_gate=None, shared_up=None, shared_down=None, shared_expert_gate=None,
                  weight_dtype="f32", threads=None, lib=None, dyn_p=0.0, k_min=1, k_max=None,
-                 hugepages=False, numa_node=None):
+                 hugepages=True, numa_node=None):
         if weight_dtype not in quant.DTYPES:
             raise ValueError(f"weight_dtype must be one of {quant.DTYPES}, got {weight_dtype!r}")
         router = f32_array("router", router, (None, None))
@@ -166,7 +168,7 @@ class MoELayer:
 
     def _create(self, router, encoded, shared_expert_gate, weight_dtype, *, top_k,
                 scoring="softmax", norm_topk_prob=True, dyn_p=0.0, k_min=1, k_max=None,
-                threads=None, lib=None, hugepages=False, numa_node=None):
+                threads=None, lib=None, hugepages=True, numa_node=None):
         E, H = router.shape
         I = encoded["gate"][0].shape[1]
         S = encoded["shared_gate"][0].shape[0] if "shared_gate" in encoded else 0

@@ -16,7 +16,7 @@
 struct colibri_dense {
     cb_mat m;
     int dtype;
-    void *mem; /* weights then scales, 64-aligned, owned */
+    colibri_pool *pool; /* weights then scales, 64-aligned, owned */
     size_t weight_bytes;
 };
 
@@ -45,16 +45,20 @@ colibri_dense *colibri_dense_create(int rows, int cols, int weight_dtype, const 
     const size_t wb = pb ? pb : nb;
     colibri_dense *d = calloc(1, sizeof *d);
     const size_t at = (wb + 63) / 64 * 64, bytes = at + ns * sizeof(float);
-    if (!d || posix_memalign(&d->mem, 64, bytes ? bytes : 64)) {
+    /* a pool, on the build's page policy as a loaded model's experts (decode streams it) */
+    if (d) d->pool = colibri_pool_create(bytes, CB_DEFAULT_HUGEPAGES, -1);
+    char *mem = d && d->pool ? colibri_pool_alloc(d->pool, bytes, 64) : NULL;
+    if (!mem) {
+        if (d) colibri_pool_free(d->pool);
         free(d);
         cb_fail(COLIBRI_ERR_NOMEM, "out of memory for a %zu-byte dense matrix", bytes);
         return NULL;
     }
-    if (pb) part->pack(weight_dtype, w, scales, rows, cols, d->mem);
-    else memcpy(d->mem, w, nb);
-    if (ns) memcpy((char *)d->mem + at, scales, ns * sizeof(float));
-    d->m = (cb_mat){pb ? NULL : d->mem, ns ? (const float *)(const void *)((char *)d->mem + at) : NULL, rows, cols,
-                    pb ? d->mem : NULL, 0};
+    if (pb) part->pack(weight_dtype, w, scales, rows, cols, mem);
+    else memcpy(mem, w, nb);
+    if (ns) memcpy(mem + at, scales, ns * sizeof(float));
+    d->m = (cb_mat){pb ? NULL : mem, ns ? (const float *)(const void *)(mem + at) : NULL, rows, cols,
+                    pb ? mem : NULL, 0};
     d->dtype = weight_dtype;
     d->weight_bytes = bytes;
     return d;
@@ -64,7 +68,7 @@ size_t colibri_dense_weight_bytes(const colibri_dense *d) { return d ? d->weight
 
 void colibri_dense_free(colibri_dense *d) {
     if (!d) return;
-    free(d->mem);
+    colibri_pool_free(d->pool);
     free(d);
 }
 

@@ -47,6 +47,13 @@ struct colibri_layer {
 int cb_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cb_clear_error(void);
 
+/* The build's page policy for the weight arenas of loaded models and dense matrices
+ * (scons hugepages=auto|off; a MoELayer's descriptor names its own). */
+#ifndef COLIBRI_DEFAULT_HUGEPAGES
+#define COLIBRI_DEFAULT_HUGEPAGES 1
+#endif
+#define CB_DEFAULT_HUGEPAGES (COLIBRI_DEFAULT_HUGEPAGES ? COLIBRI_HUGEPAGES_AUTO : COLIBRI_HUGEPAGES_OFF)
+
 #define CB_INT4_GROUP 32
 
 /* int4k (COLIBRI_INT4K): a row is super-blocks of up to CB_K4_SUPER groups of 32 weights,

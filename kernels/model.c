@@ -121,10 +121,6 @@ static size_t tensor_nbytes(const cb_model_file *mf, uint32_t t) {
     return (size_t)e.nbytes;
 }
 
-#ifndef COLIBRI_DEFAULT_HUGEPAGES
-#define COLIBRI_DEFAULT_HUGEPAGES 0
-#endif
-
 /* The whole pages of [p, p + n) in the read-only file mapping out of this process's
  * resident set: clean pages, read again from the file should anything touch them. */
 static void drop_pages(const void *p, size_t n) {
@@ -152,8 +148,7 @@ static int pack_layer(colibri_layer *L) {
         if (!pb) return COLIBRI_OK; /* one dtype per layer: none of its matrices packs */
         total += (pb + 63) / 64 * 64;
     }
-    /* the build's default page policy of weight arenas (scons hugepages=) */
-    L->pool = colibri_pool_create(total, COLIBRI_DEFAULT_HUGEPAGES ? COLIBRI_HUGEPAGES_AUTO : COLIBRI_HUGEPAGES_OFF, -1);
+    L->pool = colibri_pool_create(total, CB_DEFAULT_HUGEPAGES, -1);
     if (!L->pool)
         return cb_fail(COLIBRI_ERR_NOMEM, "colibri_load_model: out of memory for %zu bytes of packed weights",
                        total);

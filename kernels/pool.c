@@ -1,8 +1,11 @@
 /* pool.c — one page-aligned arena for all expert weights, bump-allocated.
  *
- * Huge pages when asked: an explicit MAP_HUGETLB mapping first (needs a
- * reserved hugetlb pool), else madvise(MADV_HUGEPAGE) for transparent huge
- * pages, else normal pages. The pool records which one it got. */
+ * Huge pages when asked, for pools of at least one huge page: an explicit MAP_HUGETLB
+ * mapping first (needs a reserved hugetlb pool), else madvise(MADV_HUGEPAGE) for
+ * transparent huge pages, else normal pages. The pool records which one it got.
+ * Why it matters: decode streams each expert's weights once per token, and on 4 KiB
+ * pages its reads stall on page walks the hardware prefetcher cannot hide
+ * (docs/huge-pages.md has the figures). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -51,6 +54,20 @@ static int bind_to_node(void *addr, size_t len, int node) {
 #endif
 }
 
+/* len bytes starting on a huge-page boundary, with THP advice: only the aligned 2 MiB
+ * ranges of a mapping can be huge pages, and the kernel aligns a mapping only where its
+ * length is a multiple of 2 MiB. The tail past the last boundary stays on normal pages,
+ * so no memory is rounded up. *kind says whether the advice was taken. */
+static void *map_thp(size_t len, int *kind) {
+    unsigned char *m = mmap(NULL, len + CB_HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return MAP_FAILED;
+    unsigned char *a = (unsigned char *)round_up((size_t)(uintptr_t)m, CB_HUGE_PAGE);
+    if (a > m) munmap(m, (size_t)(a - m));
+    munmap(a + len, (size_t)(m + len + CB_HUGE_PAGE - (a + len)));
+    if (madvise(a, len, MADV_HUGEPAGE) == 0) *kind = COLIBRI_PAGES_THP;
+    return a;
+}
+
 colibri_pool *colibri_pool_create(size_t capacity, int hugepages, int numa_node) {
     cb_clear_error();
     if (capacity == 0) {
@@ -73,16 +90,15 @@ colibri_pool *colibri_pool_create(size_t capacity, int hugepages, int numa_node)
     void *mem = MAP_FAILED;
     int kind = COLIBRI_PAGES_NORMAL;
     size_t len = round_up(capacity, (size_t)sysconf(_SC_PAGESIZE));
-    if (hugepages == COLIBRI_HUGEPAGES_AUTO) {
+    /* under one huge page there is nothing to gain, and hugetlb would round it up */
+    if (hugepages == COLIBRI_HUGEPAGES_AUTO && capacity >= CB_HUGE_PAGE) {
         size_t hlen = round_up(capacity, CB_HUGE_PAGE);
         mem = mmap(NULL, hlen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
         if (mem != MAP_FAILED) {
             kind = COLIBRI_PAGES_HUGETLB;
             len = hlen;
         } else {
-            len = round_up(capacity, CB_HUGE_PAGE);
-            mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            if (mem != MAP_FAILED && madvise(mem, len, MADV_HUGEPAGE) == 0) kind = COLIBRI_PAGES_THP;
+            mem = map_thp(len, &kind);
         }
     } else {
         mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

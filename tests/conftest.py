@@ -15,3 +15,14 @@ def lib():
     from colibri import open_library
 
     return open_library()
+
+
+@pytest.fixture(scope="session")
+def thp_offered():
+    """Whether this kernel gives transparent huge pages to a mapping that asks (THP mode
+    `always` or `madvise`): where it does, an arena asking for huge pages must get them."""
+    try:
+        mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return False
+    return "[never]" not in mode

@@ -121,14 +121,19 @@ def test_reference_shape_int4k(lib):
         assert_engine(L(x), case.reference(x, "int4"), "int4")
 
 
-def test_layer_reports_its_arena(lib):
+def test_layer_reports_its_arena(lib, thp_offered):
     case = make_case(H=64, I=32, E=4, k=2)
-    L = layer(case)
+    L = layer(case, hugepages=False)
     assert L.page_kind == "normal"
     # router + 4 experts x 3 matrices of 64x32 f32, each 64-byte aligned
     assert L.weight_bytes == 4 * 64 * 4 + 4 * 3 * 64 * 32 * 4
     Lh = layer(case, hugepages=True)
-    assert Lh.page_kind in ("hugetlb", "thp", "normal")
+    assert Lh.page_kind == "normal"  # under 2 MiB: nothing to gain from huge pages
+    big = make_case(H=256, I=128, E=16, k=2)  # 6 MiB of f32 experts
+    Lb = layer(big)  # huge pages are the default
+    assert Lb.page_kind in ("hugetlb", "thp") or not thp_offered
+    xb = big.inputs(3)
+    np.testing.assert_array_equal(Lb(xb), layer(big, hugepages=False)(xb))
     x = case.inputs(3)
     np.testing.assert_array_equal(L(x), Lh(x))
 

@@ -86,6 +86,19 @@ def test_a_layer_packs_at_create_and_computes_right(packed_lib, dtype):
             assert_engine(L(xb), case.reference(xb, dtype), dtype)
 
 
+def test_a_loaded_models_packed_weights_ask_for_huge_pages(packed_lib, tmp_path, thp_offered):
+    packed_lib = _lib(packed_lib, "int8")
+    case = make_case(H=256, I=256, E=12, k=2, seed=13)  # 2.25 MiB of int8 experts: over one huge page
+    p = tmp_path / "m.colibri"
+    save_model(p, [dict(router=case.router, gate=case.gate, up=case.up, down=case.down, top_k=2)],
+               weight_dtype="int8")
+    with Model.load(p, lib=packed_lib) as m:
+        # the build's default (scons hugepages=auto): decode streams these pages
+        assert m.layer_page_kind(0) in (("hugetlb", "thp") if thp_offered else ("normal", "hugetlb", "thp"))
+        x = case.inputs(3)
+        assert_engine(m(x) - x, case.reference(x, "int8"), "int8")
+
+
 @DTYPES
 def test_a_model_file_packs_at_load_and_matches_the_layer(packed_lib, tmp_path, dtype):
     packed_lib = _lib(packed_lib, dtype)

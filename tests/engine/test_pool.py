@@ -22,13 +22,30 @@ def test_alloc_is_aligned_and_bounded(lib):
         lib.colibri_pool_free(pool)
 
 
-def test_hugepages_are_tried_and_reported(lib):
-    pool = lib.colibri_pool_create(8 << 20, 1, -1)
+def test_hugepages_are_tried_and_reported(lib, thp_offered):
+    for size in (8 << 20, (5 << 20) + 4096):  # whole huge pages, and a tail of normal ones
+        pool = lib.colibri_pool_create(size, 1, -1)
+        assert pool != ffi.NULL
+        try:
+            # hugetlb when a pool is reserved, else THP advice, else normal pages: never a failure
+            kind = lib.colibri_pool_page_kind(pool)
+            assert kind in (0, 1, 2)
+            if thp_offered:
+                assert kind in (1, 2)
+            assert lib.colibri_pool_capacity(pool) == size
+            base = ffi.cast("char *", lib.colibri_pool_alloc(pool, size, 64))
+            if kind:  # only a mapping on a 2 MiB boundary can hold huge pages
+                assert int(ffi.cast("uintptr_t", base)) % (2 << 20) == 0
+            ffi.memmove(base + size - 8, b"x" * 8, 8)  # the last bytes are mapped
+        finally:
+            lib.colibri_pool_free(pool)
+
+
+def test_a_pool_under_one_huge_page_keeps_normal_pages(lib):
+    pool = lib.colibri_pool_create((2 << 20) - 4096, 1, -1)
     assert pool != ffi.NULL
     try:
-        # hugetlb when a pool is reserved, else THP advice, else normal pages: never a failure
-        assert lib.colibri_pool_page_kind(pool) in (0, 1, 2)
-        assert lib.colibri_pool_capacity(pool) == 8 << 20
+        assert lib.colibri_pool_page_kind(pool) == 0
     finally:
         lib.colibri_pool_free(pool)
 
