@@ -19,6 +19,7 @@ from ._lib import ColibriError, check, ffi, last_error, open_library
 from .layer import PAGE_KINDS
 
 _INT_MAX = 2**31 - 1
+FORMAT_ERROR = 3  # COLIBRI_ERR_FORMAT
 
 
 class ModelFormatError(ColibriError):
@@ -44,20 +45,37 @@ class Model:
         self._hidden = int(lib.colibri_model_hidden(handle))
 
     @classmethod
-    def load(cls, path, lib=None, *, check_crc: bool = True) -> "Model":
+    def load(cls, path, lib=None, *, check_crc: bool = True,
+             memory_budget: int | None = None) -> "Model":
         """Map and validate `path`. lib: a library path or an opened library (default:
         colibri._lib.open_library()). check_crc=False leaves the payloads' CRC-32 unchecked
         (a pass over the whole file): only for files the caller wrote and whose outputs it
-        checks; a library that predates the option checks them anyway. Raises
-        FileNotFoundError, ModelFormatError, ColibriError."""
+        checks; a library that predates the option checks them anyway.
+
+        memory_budget: bytes of weights to hold (None: all of them). The routers and shared
+        experts stay resident; the routed experts take turns in a cache of the rest, read
+        from the file when a call needs them, their CRC-32 checked on first read (a corrupt
+        one then fails that call with ModelFormatError). Outputs are the same bits as
+        without a budget. stats() counts the cache's hits, misses and reads.
+
+        Raises FileNotFoundError, ModelFormatError, ColibriError (a budget too small for
+        the resident parts and one expert among them)."""
         fspath = os.fspath(path)
         if isinstance(fspath, bytes):
             fspath = os.fsdecode(fspath)
         if not os.path.exists(fspath):
             raise FileNotFoundError(f"no model file at {fspath}")
+        if memory_budget is not None and (isinstance(memory_budget, bool)
+                                          or not isinstance(memory_budget, (int, np.integer))):
+            raise TypeError(f"memory_budget must be an int of bytes or None, got {type(memory_budget).__name__}")
+        if memory_budget is not None and memory_budget <= 0:
+            raise ValueError(f"memory_budget must be > 0 bytes (None: no budget), got {memory_budget}")
         lib = _open(lib)
-        if not check_crc and hasattr(lib, "colibri_load_model_with"):
-            opts = ffi.new("colibri_load_options *", {"skip_crc": 1})
+        if memory_budget is not None and not hasattr(lib, "colibri_model_stats"):
+            raise ColibriError(f"the library {lib} predates memory budgets: rebuild it")
+        if (not check_crc or memory_budget) and hasattr(lib, "colibri_load_model_with"):
+            opts = ffi.new("colibri_load_options *", {"skip_crc": int(not check_crc),
+                                                      "memory_budget": int(memory_budget or 0)})
             handle = lib.colibri_load_model_with(os.fsencode(fspath), opts)
         else:
             handle = lib.colibri_load_model(os.fsencode(fspath))
@@ -65,7 +83,7 @@ class Model:
             msg = last_error(lib)
             # The loader's own I/O and argument errors start with its name; everything
             # else is a format defect reported as "<field> (byte N): ...".
-            if msg.startswith("colibri_load_model:"):
+            if msg.startswith(("colibri_load_model:", "memory_budget:")):
                 raise ColibriError(f"{fspath}: {msg}")
             raise ModelFormatError(f"{fspath}: {msg}")
         return cls(handle, lib, fspath)
@@ -142,8 +160,21 @@ class Model:
             handle = self._live()
             st = self._lib.colibri_infer(handle, ffi.from_buffer("float[]", x),
                                          ffi.from_buffer("float[]", out, require_writable=True), T)
+            if st == FORMAT_ERROR:  # a budgeted model's expert, corrupt on its first read
+                raise ModelFormatError(f"{self._path}: {last_error(self._lib)}")
             check(self._lib, st, "colibri_infer")
         return out
+
+    def stats(self) -> dict:
+        """The weights held and the expert cache's traffic since load: hits, misses,
+        evictions, bytes_read, stall_seconds, resident_bytes, budget_bytes (0: no budget),
+        cache_slots (experts the cache holds at once; 0: no cache)."""
+        with self._lock:
+            st = ffi.new("colibri_memory_stats *")
+            check(self._lib, self._lib.colibri_model_stats(self._live(), st), "colibri_model_stats")
+            return {k: (float(getattr(st, k)) if k == "stall_seconds" else int(getattr(st, k)))
+                    for k in ("hits", "misses", "evictions", "bytes_read", "stall_seconds",
+                              "resident_bytes", "budget_bytes", "cache_slots")}
 
     # ---- lifetime
     def close(self) -> None:

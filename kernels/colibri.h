@@ -237,6 +237,11 @@ typedef struct colibri_load_options {
     int skip_crc; /* 1: leave the tensors' CRC-32 unchecked (a corrupt payload then loads); for a
                    * caller that wrote the file itself and checks the outputs (the tuner's timing
                    * workers). The header and the tensor table are checked as always. */
+    size_t memory_budget; /* 0: every expert resident (packed at load, or read in place from the
+                   * mapping). Else the bytes of weights to hold: the routers and shared experts
+                   * stay resident, and the routed experts take turns in an expert cache of what
+                   * is left, read from the file when a call needs them (their CRC-32 checked on
+                   * first read). Too small for the resident parts plus one expert: an error. */
 } colibri_load_options;
 colibri_model *colibri_load_model_with(const char *path, const colibri_load_options *opts);
 /* Each layer in order: h = h + moe(h). input/output [seq_len, hidden]; they may alias.
@@ -249,6 +254,18 @@ int colibri_model_hidden(const colibri_model *model);
  * ignores it). NULL for a NULL model or an index outside [0, n_layers). The two getters
  * above return -1 for a NULL model. */
 colibri_layer *colibri_model_layer(colibri_model *model, int index);
+/* A model's weight memory and its expert cache's traffic since load. Without a budget the
+ * counters stay 0 and resident_bytes is every weight's. */
+typedef struct colibri_memory_stats {
+    uint64_t hits, misses;  /* routed experts a call found resident / had to read */
+    uint64_t evictions;     /* experts dropped to make room */
+    uint64_t bytes_read;    /* expert bytes read from the file */
+    double stall_seconds;   /* time calls waited on those reads (reading, checking, packing) */
+    size_t resident_bytes;  /* weights held now: resident parts + cached experts */
+    size_t budget_bytes;    /* the budget (0: none) */
+    int cache_slots;        /* experts the cache holds at once (0: no cache) */
+} colibri_memory_stats;
+int colibri_model_stats(const colibri_model *model, colibri_memory_stats *out);
 
 /* ---- timing (for the tuner and benchmarks) ---- */
 /* Runs `warmup` calls, then times calls (clock_gettime, one sample per call) until

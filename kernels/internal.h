@@ -41,7 +41,39 @@ struct colibri_layer {
     int page_kind;                 /* colibri_page_kind */
     size_t weight_bytes;
     int borrowed;                  /* owned by a colibri_model: colibri_layer_free ignores it */
+    struct cb_cache *cache;        /* a budgeted model's expert cache (expert_cache.c), or NULL:
+                                    * every expert resident */
+    int index;                     /* its layer number in a model (the cache's key) */
 };
+
+/* Bytes of a [rows, cols] matrix of dtype in the layout of table K, scales included, and the
+ * matrix placed at dst in that layout from its stored form (layer.c). */
+size_t cb_mat_bytes(const cbk_kernels *K, int dtype, size_t rows, size_t cols);
+void cb_place_mat(const cbk_kernels *K, int dtype, const void *src, const float *scales, size_t rows,
+                  size_t cols, void *dst, cb_mat *out);
+
+/* One expert's share of a forward call: its tokens (rows of x), their weights, its h. */
+typedef struct {
+    const cb_expert *ex;
+    const int32_t *tok;
+    const float *tw;
+    int ntok;
+    float *h;   /* [ntok, inter] */
+    void *prep; /* h prepared once for the down projection (cbk_prep_fn), or NULL */
+} cb_job;
+
+/* A budgeted model's routed experts (expert_cache.c). A forward call on one of its layers
+ * brackets its work with begin/end (one call at a time per model); acquire makes the experts
+ * of jobs [j0, njobs) resident from j0 on, as many as the cache holds at once (at least one),
+ * and sets *j1 where that run ends. A job of an expert outside L->experts (the shared one)
+ * is always resident. An expert's CRC is checked on its first read: a mismatch fails the
+ * call (COLIBRI_ERR_FORMAT), as a read error does (COLIBRI_ERR_IO). */
+typedef struct cb_cache cb_cache;
+void cb_cache_begin(cb_cache *c);
+void cb_cache_end(cb_cache *c);
+int cb_cache_acquire(cb_cache *c, colibri_layer *L, const cb_job *jobs, int j0, int njobs, int *j1);
+void cb_cache_stats(const cb_cache *c, colibri_memory_stats *out);
+void cb_cache_free(cb_cache *c);
 
 /* Thread-local error message (error.c). Returns the status passed in for tail calls. */
 int cb_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -74,7 +74,7 @@ static size_t align_up(size_t v) { return (v + CB_ALIGN - 1) / CB_ALIGN * CB_ALI
 
 /* Bytes of a [rows, cols] matrix of dtype plus its scales, each 64-aligned: packed in
  * the layout of table K where K packs the dtype. */
-static size_t mat_bytes(const cbk_kernels *K, int dtype, size_t rows, size_t cols) {
+size_t cb_mat_bytes(const cbk_kernels *K, int dtype, size_t rows, size_t cols) {
     size_t pb = cbk_part_of(K, dtype)->pack_bytes(dtype, (int)rows, (int)cols);
     size_t b = align_up(pb ? pb : cb_mat_data_bytes(dtype, rows, cols));
     size_t ns = cb_mat_scale_count(dtype, rows, cols);
@@ -82,28 +82,34 @@ static size_t mat_bytes(const cbk_kernels *K, int dtype, size_t rows, size_t col
     return b;
 }
 
-/* The matrix into the pool: packed once, here, where table K packs its dtype (w is then
- * NULL: no kernel of K reads the stored layout), else copied as stored. */
-static int copy_mat(colibri_pool *pool, const cbk_kernels *K, int dtype, const void *src, const float *scales,
-                    size_t rows, size_t cols, cb_mat *out) {
+/* The matrix at dst (cb_mat_bytes of it, 64-aligned): packed once, here, where table K packs
+ * its dtype (w is then NULL: no kernel of K reads the stored layout), else copied as stored;
+ * its scales after it. */
+void cb_place_mat(const cbk_kernels *K, int dtype, const void *src, const float *scales, size_t rows,
+                  size_t cols, void *dst, cb_mat *out) {
     const size_t pb = cbk_part_of(K, dtype)->pack_bytes(dtype, (int)rows, (int)cols);
-    size_t n = pb ? pb : cb_mat_data_bytes(dtype, rows, cols);
-    void *w = colibri_pool_alloc(pool, n, CB_ALIGN);
-    if (!w) return COLIBRI_ERR_NOMEM;
-    if (pb) cbk_part_of(K, dtype)->pack(dtype, src, scales, (int)rows, (int)cols, w);
-    else memcpy(w, src, n);
-    out->w = pb ? NULL : w;
-    out->pk = pb ? w : NULL;
+    const size_t n = pb ? pb : cb_mat_data_bytes(dtype, rows, cols);
+    if (pb) cbk_part_of(K, dtype)->pack(dtype, src, scales, (int)rows, (int)cols, dst);
+    else memcpy(dst, src, n);
+    out->w = pb ? NULL : dst;
+    out->pk = pb ? dst : NULL;
     out->scales = NULL;
     out->rows = (int)rows;
     out->cols = (int)cols;
-    size_t ns = cb_mat_scale_count(dtype, rows, cols);
+    const size_t ns = cb_mat_scale_count(dtype, rows, cols);
     if (ns) {
-        float *s = colibri_pool_alloc(pool, ns * sizeof(float), CB_ALIGN);
-        if (!s) return COLIBRI_ERR_NOMEM;
+        float *s = (float *)(void *)((char *)dst + align_up(n));
         memcpy(s, scales, ns * sizeof(float));
         out->scales = s;
     }
+}
+
+/* The matrix into the pool (cb_place_mat). */
+static int copy_mat(colibri_pool *pool, const cbk_kernels *K, int dtype, const void *src, const float *scales,
+                    size_t rows, size_t cols, cb_mat *out) {
+    void *w = colibri_pool_alloc(pool, cb_mat_bytes(K, dtype, rows, cols), CB_ALIGN);
+    if (!w) return COLIBRI_ERR_NOMEM;
+    cb_place_mat(K, dtype, src, scales, rows, cols, w, out);
     return COLIBRI_OK;
 }
 
@@ -152,9 +158,9 @@ colibri_layer *colibri_layer_create(const colibri_layer_desc *d) {
     const size_t nb_ih = cb_mat_data_bytes(dt, I, H), nb_hi = cb_mat_data_bytes(dt, H, I);
     const size_t ns_ih = cb_mat_scale_count(dt, I, H), ns_hi = cb_mat_scale_count(dt, H, I);
     const cbk_kernels *K = cbk_kernels_for(d->hidden, d->inter);
-    const size_t per_expert = 2 * mat_bytes(K, dt, I, H) + mat_bytes(K, dt, H, I);
+    const size_t per_expert = 2 * cb_mat_bytes(K, dt, I, H) + cb_mat_bytes(K, dt, H, I);
     size_t total = align_up(E * H * sizeof(float)) + E * per_expert;
-    if (S) total += 2 * mat_bytes(K, dt, S, H) + mat_bytes(K, dt, H, S) + align_up(H * sizeof(float));
+    if (S) total += 2 * cb_mat_bytes(K, dt, S, H) + cb_mat_bytes(K, dt, H, S) + align_up(H * sizeof(float));
 
     colibri_layer *L = calloc(1, sizeof *L);
     cb_expert *ex = calloc(E, sizeof *ex);
@@ -242,16 +248,6 @@ size_t colibri_layer_weight_bytes(const colibri_layer *L) {
 
 /* --------------------------------------------------------------- forward */
 
-/* One expert's share of the call: its tokens (rows of x), their weights, its h. */
-typedef struct {
-    const cb_expert *ex;
-    const int32_t *tok;
-    const float *tw;
-    int ntok;
-    float *h;   /* [ntok, inter] */
-    void *prep; /* h prepared once for the down projection (cbk_prep_fn), or NULL */
-} cb_job;
-
 /* Splits [0, n) into nt parts at multiples of `align` (the last part takes the rest). */
 void cb_split_range(int n, int nt, int tid, int align, int *lo, int *hi) {
     long a = (long)n * tid / nt, b = (long)n * (tid + 1) / nt;
@@ -318,6 +314,54 @@ static void phase_prep(const colibri_layer *L, const cb_job *jobs, int njobs, in
                                                         u1 * 32 < cols ? (int)u1 * 32 : cols, jb->prep);
         }
         base += cost;
+    }
+}
+
+/* One turn of a forward call: the experts of jobs[0, njobs), resident, computed and added
+ * into y (zeroed first on the first turn). xfill: where the gateups' prepared activations are
+ * to be made this turn (the first), xprep where they are. */
+static void run_turn(const colibri_layer *L, cb_job *jobs, int njobs, const float *x, float *y, int T, int nt,
+                     char *wsbase, size_t wstride, size_t wsb, char *xfill, const char *xprep, int first) {
+    const int H = L->hidden;
+    const cbk_part *part = cbk_part_of(L->kernels, L->dtype);
+    /* the down projection's activations, prepared once where its path takes them and more
+     * than one thread would convert them (each thread multiplies all of a job's h with its
+     * rows). At one thread there is nothing to save, and the buffer's fresh pages cost
+     * time; without memory for it, each thread converts its own. */
+    char *prepbuf = NULL;
+    if (wsb && nt > 1 && part->prep_bytes) {
+        size_t pb = 0;
+        for (int j = 0; j < njobs; ++j) pb += (part->prep_bytes(L->dtype, &jobs[j].ex->down, jobs[j].ntok) + 63) / 64 * 64;
+        if (pb) prepbuf = cb_scratch(CB_SCRATCH_PREP, pb); /* a multiple of 64 */
+        for (size_t at = 0, j = 0; prepbuf && j < (size_t)njobs; ++j) {
+            const size_t b = part->prep_bytes(L->dtype, &jobs[j].ex->down, jobs[j].ntok);
+            jobs[j].prep = b ? memset(prepbuf + at, 0, 64) : NULL; /* its header: nothing found yet */
+            at += (b + 63) / 64 * 64;
+        }
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        void *ws = wsb ? wsbase + (size_t)tid * wstride : NULL;
+        if (xfill) {
+            int t0, t1;
+            cb_split_range(T, nth, tid, 1, &t0, &t1);
+            if (t0 < t1) part->xprep(L->dtype, x, H, H, t0, t1, xfill);
+#pragma omp barrier
+        }
+        phase_gateup(L, jobs, njobs, x, tid, nth, ws, xprep);
+#pragma omp barrier
+        if (prepbuf) {
+            phase_prep(L, jobs, njobs, tid, nth);
+#pragma omp barrier
+        }
+        int c0, c1;
+        cb_split_range(H, nth, tid, 16, &c0, &c1); /* 16 floats: threads never share a cache line of y */
+        if (first)
+            for (int t = 0; t < T; ++t) memset(y + (size_t)t * H + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+        for (int j = 0; j < njobs && c0 < c1; ++j)
+            part->rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter, jobs[j].ntok, jobs[j].tw,
+                           jobs[j].tok, c0, c1, y, H, ws, jobs[j].prep);
     }
 }
 
@@ -460,22 +504,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
         if (guards) guard_fill(h + (size_t)n * S);
     }
 
-    /* the down projection's activations, prepared once where its path takes them and more
-     * than one thread would convert them (each thread multiplies all of a job's h with its
-     * rows). At one thread there is nothing to save, and the buffer's fresh pages cost
-     * time; without memory for it, each thread converts its own. */
     const cbk_part *part = cbk_part_of(K, L->dtype);
-    char *prepbuf = NULL;
-    if (wsb && nt > 1 && part->prep_bytes) {
-        size_t pb = 0;
-        for (int j = 0; j < njobs; ++j) pb += (part->prep_bytes(L->dtype, &jobs[j].ex->down, jobs[j].ntok) + 63) / 64 * 64;
-        if (pb) prepbuf = cb_scratch(CB_SCRATCH_PREP, pb); /* a multiple of 64 */
-        for (size_t at = 0, j = 0; prepbuf && j < (size_t)njobs; ++j) {
-            const size_t b = part->prep_bytes(L->dtype, &jobs[j].ex->down, jobs[j].ntok);
-            jobs[j].prep = b ? memset(prepbuf + at, 0, 64) : NULL; /* its header: nothing found yet */
-            at += (b + 63) / 64 * 64;
-        }
-    }
     /* the gateups' activations, prepared once where the part's kernels take them so: each
      * token meets up to top-k experts, whose gateups would each prepare it again */
     char *xprep = NULL;
@@ -483,29 +512,18 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
         const size_t xb = part->xprep_bytes(L->dtype, H, T);
         if (xb) xprep = cb_scratch(CB_SCRATCH_XPREP, xb);
     }
-#pragma omp parallel num_threads(nt)
-    {
-        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-        void *ws = wsb ? wsbase + (size_t)tid * wstride : NULL;
-        if (xprep) {
-            int t0, t1;
-            cb_split_range(T, nth, tid, 1, &t0, &t1);
-            if (t0 < t1) part->xprep(L->dtype, x, H, H, t0, t1, xprep);
-#pragma omp barrier
-        }
-        phase_gateup(L, jobs, njobs, x, tid, nth, ws, xprep);
-#pragma omp barrier
-        if (prepbuf) {
-            phase_prep(L, jobs, njobs, tid, nth);
-#pragma omp barrier
-        }
-        int c0, c1;
-        cb_split_range(H, nth, tid, 16, &c0, &c1); /* 16 floats: threads never share a cache line of y */
-        for (int t = 0; t < T; ++t) memset(y + (size_t)t * H + c0, 0, (size_t)(c1 - c0) * sizeof(float));
-        for (int j = 0; j < njobs && c0 < c1; ++j)
-            part->rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter, jobs[j].ntok, jobs[j].tw,
-                           jobs[j].tok, c0, c1, y, H, ws, jobs[j].prep);
+    if (!njobs) memset(y, 0, (size_t)T * H * sizeof(float)); /* every token bad: NaN rows below */
+    /* The experts in turns: one turn of all of them, or with a budgeted model's cache as many
+     * as it holds at once, each turn's read before it runs. The turns keep the experts'
+     * order, so each output sums the same terms in the same order either way. */
+    if (L->cache) cb_cache_begin(L->cache);
+    for (int j0 = 0, j1; j0 < njobs; j0 = j1) {
+        j1 = njobs;
+        if (L->cache && (st = cb_cache_acquire(L->cache, L, jobs, j0, njobs, &j1))) break;
+        run_turn(L, jobs + j0, j1 - j0, x, y, T, nt, wsbase, wstride, wsb, j0 == 0 ? xprep : NULL, xprep, j0 == 0);
     }
+    if (L->cache) cb_cache_end(L->cache);
+    if (st) return st;
     if (guards) {
         int hit = guard_intact(hbuf) ? -2 : -1;
         for (int j = 0; j < njobs && hit == -2; ++j)

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "expert_cache.h"
 #include "internal.h"
 #include "kernels.h"
 #include "model_file.h"
@@ -21,10 +22,17 @@ struct colibri_model {
     size_t map_len;
     int n_layers, hidden;
     colibri_layer *layers; /* [n_layers], borrowed views into the mapping */
+    /* with a memory budget: the file, open for the cache's reads, and the view it reads by */
+    int fd;
+    cb_model_file mf;
+    cb_cache *cache;
+    size_t resident_bytes; /* the routers and shared experts (with a cache), or every weight */
+    size_t budget;
 };
 
-/* Maps path read-only; *map is NULL (and *len 0) for an empty file. */
-static int map_file(const char *path, void **map, size_t *len) {
+/* Maps path read-only; *map is NULL (and *len 0) for an empty file. *keep_fd: NULL closes
+ * the file, else receives its descriptor. */
+static int map_file(const char *path, void **map, size_t *len, int *keep_fd) {
     *map = NULL;
     *len = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -57,12 +65,14 @@ static int map_file(const char *path, void **map, size_t *len) {
         *map = p;
         *len = (size_t)st.st_size;
     }
-    close(fd); /* the mapping keeps the file alive */
+    if (keep_fd) *keep_fd = fd;
+    else close(fd); /* the mapping keeps the file alive */
     return COLIBRI_OK;
 }
 
-/* Checks the CRC of every tensor some slot names, each once. */
-static int verify_referenced(const cb_model_file *mf) {
+/* Checks the CRC of every tensor some slot names, each once; without the routed experts'
+ * where `experts` is 0 (a budgeted model checks those on first read). */
+static int verify_referenced(const cb_model_file *mf, int experts) {
     const uint32_t n = mf->h.n_tensors;
     unsigned char *used = calloc(n, 1);
     uint32_t *list = malloc((size_t)n * sizeof *list);
@@ -73,6 +83,7 @@ static int verify_referenced(const cb_model_file *mf) {
     }
     for (uint64_t l = 0; l < mf->h.n_layers; l++)
         for (uint64_t j = 0; j < mf->slots_per_layer; j++) {
+            if (!experts && j >= 1 && j <= 3 * (uint64_t)mf->h.n_experts) continue;
             uint32_t t = cb_mf_slot(mf, l, j);
             if (t != CB_MF_ABSENT)
                 used[t] = 1;
@@ -138,29 +149,31 @@ static cb_mat *mat_of(colibri_layer *L, int i) {
     return i % 3 == 0 ? &x->gate : i % 3 == 1 ? &x->up : &x->down;
 }
 
-static int pack_layer(colibri_layer *L) {
+/* routed: 0 packs the shared expert alone (a budgeted model's routed experts go to its cache) */
+static int pack_layer(colibri_layer *L, int routed) {
     const cbk_kernels *K = L->kernels;
     const int E = L->n_experts;
+    const int i0 = routed ? 0 : 3 * E, n = 3 * (E + L->has_shared);
     size_t total = 0;
-    for (int i = 0; i < 3 * (E + L->has_shared); i++) {
+    for (int i = i0; i < n; i++) {
         const cb_mat *m = mat_of(L, i);
         const size_t pb = cbk_part_of(K, L->dtype)->pack_bytes(L->dtype, m->rows, m->cols);
         if (!pb) return COLIBRI_OK; /* one dtype per layer: none of its matrices packs */
         total += (pb + 63) / 64 * 64;
     }
+    if (!total) return COLIBRI_OK;
     L->pool = colibri_pool_create(total, CB_DEFAULT_HUGEPAGES, -1);
     if (!L->pool)
         return cb_fail(COLIBRI_ERR_NOMEM, "colibri_load_model: out of memory for %zu bytes of packed weights",
                        total);
     L->page_kind = colibri_pool_page_kind(L->pool);
-    const int n = 3 * (E + L->has_shared);
-    for (int i = 0; i < n; i++) { /* the pool hands out memory in order: places first */
+    for (int i = i0; i < n; i++) { /* the pool hands out memory in order: places first */
         cb_mat *m = mat_of(L, i);
         m->pk = colibri_pool_alloc(L->pool, cbk_part_of(K, L->dtype)->pack_bytes(L->dtype, m->rows, m->cols), 64);
         if (!m->pk) return cb_fail(COLIBRI_ERR_NOMEM, "colibri_load_model: packed weights overflow their pool");
     }
 #pragma omp parallel for schedule(dynamic)
-    for (int i = 0; i < n; i++) {
+    for (int i = i0; i < n; i++) {
         cb_mat *m = mat_of(L, i);
         cbk_part_of(K, L->dtype)->pack(L->dtype, m->w, m->scales, m->rows, m->cols, (void *)m->pk);
         drop_pages(m->w, cb_mat_data_bytes(L->dtype, (size_t)m->rows, (size_t)m->cols));
@@ -169,8 +182,10 @@ static int pack_layer(colibri_layer *L) {
     return COLIBRI_OK;
 }
 
-/* Fills layer l as a borrowed view into the mapping (its packed matrices in a pool). */
-static int build_layer(const cb_model_file *mf, uint64_t l, colibri_layer *L) {
+/* Fills layer l as a borrowed view into the mapping (its packed matrices in a pool). With a
+ * cache (cached), the routed experts point nowhere until the cache reads them, and
+ * weight_bytes counts the router and shared expert alone. */
+static int build_layer(const cb_model_file *mf, uint64_t l, colibri_layer *L, int cached) {
     const cb_mf_header *h = &mf->h;
     const uint64_t E = h->n_experts;
     memset(L, 0, sizeof *L);
@@ -188,6 +203,7 @@ static int build_layer(const cb_model_file *mf, uint64_t l, colibri_layer *L) {
     L->pool = NULL;
     L->page_kind = COLIBRI_PAGES_FILE;
     L->borrowed = 1;
+    L->index = (int)l;
 
     L->experts = calloc(E, sizeof *L->experts);
     if (!L->experts)
@@ -203,7 +219,8 @@ static int build_layer(const cb_model_file *mf, uint64_t l, colibri_layer *L) {
         for (int k = 0; k < 3; k++) {
             t = cb_mf_slot(mf, l, 1 + 3 * e + (uint64_t)k);
             *mats[k] = mat_at(mf, t);
-            bytes += tensor_nbytes(mf, t);
+            if (cached) mats[k]->w = NULL, mats[k]->scales = NULL;
+            else bytes += tensor_nbytes(mf, t);
         }
         x->inter = (int)h->inter;
     }
@@ -223,7 +240,7 @@ static int build_layer(const cb_model_file *mf, uint64_t l, colibri_layer *L) {
         }
     }
     L->weight_bytes = bytes;
-    return pack_layer(L);
+    return pack_layer(L, !cached);
 }
 
 void colibri_free_model(colibri_model *m) {
@@ -234,6 +251,9 @@ void colibri_free_model(colibri_model *m) {
             cb_layer_destroy(&m->layers[i]); /* frees experts[] and a packed layer's pool */
         free(m->layers);
     }
+    cb_cache_free(m->cache);
+    if (m->fd >= 0)
+        close(m->fd);
     if (m->map)
         munmap(m->map, m->map_len);
     free(m);
@@ -252,21 +272,24 @@ colibri_model *colibri_load_model_with(const char *path, const colibri_load_opti
         cb_fail(COLIBRI_ERR_NOMEM, "colibri_load_model: out of memory");
         return NULL;
     }
-    if (map_file(path, &m->map, &m->map_len) != COLIBRI_OK) {
+    m->fd = -1;
+    const size_t budget = opts ? opts->memory_budget : 0;
+    m->budget = budget;
+    if (map_file(path, &m->map, &m->map_len, budget ? &m->fd : NULL) != COLIBRI_OK) {
         free(m);
         return NULL;
     }
-    cb_model_file mf;
-    if (cb_mf_parse(&mf, m->map, m->map_len) != 0) {
-        cb_fail(COLIBRI_ERR_FORMAT, "%s", mf.err);
+    cb_model_file *mf = &m->mf; /* the model's own: its cache reads by it */
+    if (cb_mf_parse(mf, m->map, m->map_len) != 0) {
+        cb_fail(COLIBRI_ERR_FORMAT, "%s", mf->err);
         colibri_free_model(m);
         return NULL;
     }
     /* Routing config: model_file.c checked each field; the engine's own check
      * is the final word on what the router accepts. */
-    colibri_route_config rc = {(int)mf.h.scoring, (int)mf.h.top_k, (int)mf.h.norm_topk_prob,
-                               mf.h.dyn_p, (int)mf.h.k_min, (int)mf.h.k_max};
-    if (cb_route_config_check(&rc, (int)mf.h.n_experts) != COLIBRI_OK) {
+    colibri_route_config rc = {(int)mf->h.scoring, (int)mf->h.top_k, (int)mf->h.norm_topk_prob,
+                               mf->h.dyn_p, (int)mf->h.k_min, (int)mf->h.k_max};
+    if (cb_route_config_check(&rc, (int)mf->h.n_experts) != COLIBRI_OK) {
         char why[400];
         strncpy(why, colibri_last_error(), sizeof why - 1);
         why[sizeof why - 1] = '\0';
@@ -274,24 +297,51 @@ colibri_model *colibri_load_model_with(const char *path, const colibri_load_opti
         colibri_free_model(m);
         return NULL;
     }
-    if (!(opts && opts->skip_crc) && verify_referenced(&mf) != COLIBRI_OK) {
+    const int check_crc = !(opts && opts->skip_crc);
+    if (check_crc && verify_referenced(mf, !budget) != COLIBRI_OK) {
         colibri_free_model(m);
         return NULL;
     }
-    m->n_layers = (int)mf.h.n_layers;
-    m->hidden = (int)mf.h.hidden;
+    m->n_layers = (int)mf->h.n_layers;
+    m->hidden = (int)mf->h.hidden;
     m->layers = calloc((size_t)m->n_layers, sizeof *m->layers);
     if (!m->layers) {
         cb_fail(COLIBRI_ERR_NOMEM, "colibri_load_model: out of memory for %d layers", m->n_layers);
         colibri_free_model(m);
         return NULL;
     }
-    for (int l = 0; l < m->n_layers; l++)
-        if (build_layer(&mf, (uint64_t)l, &m->layers[l]) != COLIBRI_OK) {
+    for (int l = 0; l < m->n_layers; l++) {
+        if (build_layer(mf, (uint64_t)l, &m->layers[l], budget > 0) != COLIBRI_OK) {
             colibri_free_model(m);
             return NULL;
         }
+        m->resident_bytes += m->layers[l].weight_bytes;
+    }
+    if (budget && m->n_layers > 0) {
+        if (budget < m->resident_bytes) {
+            cb_fail(COLIBRI_ERR_INVALID, "colibri_load_model: memory_budget %zu bytes is under the %zu bytes of "
+                    "routers and shared experts, which stay resident", budget, m->resident_bytes);
+            colibri_free_model(m);
+            return NULL;
+        }
+        m->cache = cb_cache_create(mf, m->fd, m->layers, budget - m->resident_bytes, check_crc);
+        if (!m->cache) {
+            colibri_free_model(m);
+            return NULL;
+        }
+        for (int l = 0; l < m->n_layers; l++) m->layers[l].cache = m->cache;
+    }
     return m;
+}
+
+int colibri_model_stats(const colibri_model *m, colibri_memory_stats *out) {
+    cb_clear_error();
+    if (!m || !out) return cb_fail(COLIBRI_ERR_INVALID, "colibri_model_stats: model and out must not be NULL");
+    memset(out, 0, sizeof *out);
+    if (m->cache) cb_cache_stats(m->cache, out);
+    out->resident_bytes += m->resident_bytes;
+    out->budget_bytes = m->budget;
+    return COLIBRI_OK;
 }
 
 int colibri_infer(colibri_model *m, const float *input, float *output, int seq_len) {

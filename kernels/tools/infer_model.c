@@ -1,11 +1,34 @@
-/* infer_model MODEL INPUT T OUTPUT: run a Colibri model file on T tokens with nothing but
- * colibri.h (colibri_load_model, colibri_infer, colibri_free_model). INPUT holds T x hidden
- * float32 values; OUTPUT receives as many. Built natively and cross-built for each Arm
- * profile: `python -m tuner verify` and tests/colibri_build/test_arm_emulated.py run it
- * under qemu-user against the NumPy reference and against the native library.
- * Exit status: 0 done, 1 a Colibri or file error (on stderr), 2 usage. */
+/* infer_model MODEL INPUT T OUTPUT [BUDGET [decode]]: run a Colibri model file on T tokens
+ * with nothing but colibri.h (colibri_load_model_with, colibri_infer, colibri_free_model).
+ * INPUT holds T x hidden float32 values; OUTPUT receives as many. BUDGET (bytes, 0 = none)
+ * loads the model under that memory budget; `decode` runs the tokens one call each instead
+ * of one call for all. With a BUDGET, one line of JSON on stdout: the peak resident set and
+ * the model's memory stats.
+ * Built natively and cross-built for each Arm profile: `python -m tuner verify` and
+ * tests/colibri_build/test_arm_emulated.py run it under qemu-user against the NumPy
+ * reference and against the native library; tests/engine/test_memory_limit.py runs it in a
+ * memory cgroup. Exit status: 0 done, 1 a Colibri or file error (on stderr), 2 usage. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+/* The peak resident set of this program: VmHWM (Linux), which starts at the exec; rusage's
+ * ru_maxrss would count a forking parent's pages from before it. */
+static long long peak_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = atoll(line + 6);
+    if (f) fclose(f);
+    if (kb < 0) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        kb = ru.ru_maxrss;
+    }
+    return kb * 1024;
+}
 
 #include "colibri.h"
 
@@ -16,16 +39,27 @@ static int fail(const char *what) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 5) {
-        fprintf(stderr, "usage: infer_model MODEL INPUT T OUTPUT\n");
+    if (argc < 5 || argc > 7 || (argc == 7 && strcmp(argv[6], "decode") != 0)) {
+        fprintf(stderr, "usage: infer_model MODEL INPUT T OUTPUT [BUDGET [decode]]\n");
         return 2;
     }
+    colibri_load_options opts;
+    memset(&opts, 0, sizeof opts);
+    if (argc >= 6) {
+        char *end;
+        opts.memory_budget = (size_t)strtoull(argv[5], &end, 10);
+        if (*end || argv[5][0] == '-') {
+            fprintf(stderr, "usage: BUDGET must be a byte count, got '%s'\n", argv[5]);
+            return 2;
+        }
+    }
+    const int decode = argc == 7;
     const int T = atoi(argv[3]);
     if (T < 1) {
         fprintf(stderr, "usage: T must be a positive token count, got '%s'\n", argv[3]);
         return 2;
     }
-    colibri_model *m = colibri_load_model(argv[1]);
+    colibri_model *m = colibri_load_model_with(argv[1], &opts);
     if (!m) return fail("colibri_load_model");
     const size_t n = (size_t)T * (size_t)colibri_model_hidden(m);
     float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
@@ -41,9 +75,25 @@ int main(int argc, char **argv) {
     }
     fclose(f);
     f = NULL;
-    if (colibri_infer(m, x, y, T) != COLIBRI_OK) {
-        rc = fail("colibri_infer");
-        goto done;
+    const size_t H = (size_t)colibri_model_hidden(m);
+    for (int t = 0; t < (decode ? T : 1); t++)
+        if (colibri_infer(m, x + (decode ? (size_t)t * H : 0), y + (decode ? (size_t)t * H : 0), decode ? 1 : T) !=
+            COLIBRI_OK) {
+            rc = fail("colibri_infer");
+            goto done;
+        }
+    if (opts.memory_budget) {
+        colibri_memory_stats st;
+        if (colibri_model_stats(m, &st) != COLIBRI_OK) {
+            rc = fail("colibri_model_stats");
+            goto done;
+        }
+        printf("{\"peak_rss_bytes\": %lld, \"hits\": %llu, \"misses\": %llu, \"evictions\": %llu, "
+               "\"bytes_read\": %llu, \"stall_seconds\": %.6f, \"resident_bytes\": %zu, \"budget_bytes\": %zu, "
+               "\"cache_slots\": %d}\n",
+               peak_rss_bytes(), (unsigned long long)st.hits, (unsigned long long)st.misses,
+               (unsigned long long)st.evictions, (unsigned long long)st.bytes_read, st.stall_seconds,
+               st.resident_bytes, st.budget_bytes, st.cache_slots);
     }
     if (!(f = fopen(argv[4], "wb")) || fwrite(y, sizeof *y, n, f) != n) {
         fprintf(stderr, "infer_model: cannot write %s\n", argv[4]);
