@@ -8,9 +8,12 @@
  * outputs are bit-identical to an unbudgeted model's.
  *
  * Eviction: the least recently used slot that the current turn does not hold.
- * Reads are synchronous for now: a call waits while its misses are read, checked and packed,
- * and that wait is counted (colibri_model_stats' stall_seconds). */
+ * A turn's misses are read, checked and packed by the call's threads together, before the
+ * turn computes: the call waits for them, and that wait is counted (colibri_model_stats'
+ * stall_seconds). */
 #include <errno.h>
+#include <omp.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +32,16 @@ struct cb_cache {
     int n_slots;
     colibri_pool *pool;
     unsigned char *base;    /* n_slots x slot_bytes in the pool */
-    unsigned char *staging; /* one stored tensor, read before it is packed into its slot */
+    unsigned char *staging; /* per loading thread, one stored tensor read before it is packed */
     size_t staging_bytes;
+    int staging_threads;
+    /* one turn's misses, loaded together: expert, slot, status, bytes read, CRCs checked */
+    struct cb_miss {
+        int e, s, st;
+        uint64_t bytes;
+        unsigned verified; /* bit k: tensor k (gate, up, down) passed its first check */
+        char msg[320];
+    } *miss;
     int32_t *slot_of;        /* [n_layers * E]: the expert's slot, or -1 */
     int32_t *owner;          /* [n_slots]: layer * E + expert, or -1 */
     uint64_t *last_use;      /* [n_slots]: the turn that last used it */
@@ -58,6 +69,7 @@ void cb_cache_free(cb_cache *c) {
     if (!c) return;
     colibri_pool_free(c->pool);
     free(c->staging);
+    free(c->miss);
     free(c->slot_of);
     free(c->owner);
     free(c->last_use);
@@ -104,13 +116,15 @@ cb_cache *cb_cache_create(const cb_model_file *mf, int fd, colibri_layer *layers
     c->slot_bytes = slot;
     c->n_slots = (int)n;
     c->layers = layers;
-    c->staging_bytes = staging;
-    c->staging = malloc(staging ? staging : 1);
+    c->staging_bytes = staging ? staging : 1;
+    c->staging_threads = 1;
+    c->staging = malloc(c->staging_bytes);
+    c->miss = malloc(n * sizeof *c->miss);
     c->slot_of = malloc(total * sizeof *c->slot_of);
     c->owner = malloc(n * sizeof *c->owner);
     c->last_use = calloc(n, sizeof *c->last_use);
     c->verified = calloc(h->n_tensors ? h->n_tensors : 1, 1);
-    c->pool = c->staging && c->slot_of && c->owner && c->last_use && c->verified
+    c->pool = c->staging && c->miss && c->slot_of && c->owner && c->last_use && c->verified
                   ? colibri_pool_create(n * slot, CB_DEFAULT_HUGEPAGES, -1)
                   : NULL;
     if (c->pool) c->base = colibri_pool_alloc(c->pool, n * slot, 64);
@@ -138,47 +152,59 @@ static void clear_expert(cb_expert *x) {
     for (int k = 0; k < 3; k++) m[k]->w = m[k]->pk = NULL, m[k]->scales = NULL;
 }
 
-/* Reads expert e of layer l into slot s, its CRCs checked on first read. */
-static int load_expert(cb_cache *c, colibri_layer *L, int e, int s) {
+/* Reads miss m's expert (of layer L) into its slot through staging, checking the CRC of a
+ * tensor on its first read (the flags are set by the caller, after the threads). Called by
+ * several threads at once for different misses: it writes only m, the slot and staging. */
+static void load_expert(const cb_cache *c, colibri_layer *L, struct cb_miss *m, unsigned char *staging) {
     const cb_model_file *mf = c->mf;
-    unsigned char *dst = slot_mem(c, s);
-    cb_expert *x = &L->experts[e];
+    unsigned char *dst = slot_mem(c, m->s);
+    cb_expert *x = &L->experts[m->e];
     cb_mat *mats[3] = {&x->gate, &x->up, &x->down};
+    m->st = COLIBRI_OK;
+    m->bytes = 0;
+    m->verified = 0;
     for (int k = 0; k < 3; k++) {
-        const uint32_t t = cb_mf_slot(mf, (uint64_t)L->index, 1 + 3 * (uint64_t)e + (uint64_t)k);
+        const uint32_t t = cb_mf_slot(mf, (uint64_t)L->index, 1 + 3 * (uint64_t)m->e + (uint64_t)k);
         cb_mf_tensor te;
         cb_mf_tensor_at(mf, t, &te);
-        int err = read_at(c->fd, c->staging, (size_t)te.nbytes, te.offset);
-        if (err)
-            return cb_fail(COLIBRI_ERR_IO, "reading tensor[%u] (layer %d, expert %d %s, bytes %llu .. %llu): %s", t,
-                           L->index, e, cb_mf_kind_name(te.kind), (unsigned long long)te.offset,
-                           (unsigned long long)(te.offset + te.nbytes - 1), strerror(err));
-        c->st.bytes_read += te.nbytes;
+        int err = read_at(c->fd, staging, (size_t)te.nbytes, te.offset);
+        if (err) {
+            m->st = COLIBRI_ERR_IO;
+            snprintf(m->msg, sizeof m->msg, "reading tensor[%u] (layer %d, expert %d %s, bytes %llu .. %llu): %s", t,
+                     L->index, m->e, cb_mf_kind_name(te.kind), (unsigned long long)te.offset,
+                     (unsigned long long)(te.offset + te.nbytes - 1), strerror(err));
+            return;
+        }
+        m->bytes += te.nbytes;
         if (c->check_crc && !c->verified[t]) {
-            const uint32_t crc = cb_crc32(0, c->staging, (size_t)te.nbytes);
-            if (crc != te.crc32)
-                return cb_fail(COLIBRI_ERR_FORMAT,
-                               "tensor[%u].crc32: stored 0x%08X, but the %s payload of layer %d, expert %d "
-                               "at bytes %llu .. %llu has CRC-32 0x%08X (the payload is corrupt)",
-                               t, te.crc32, cb_mf_kind_name(te.kind), L->index, e, (unsigned long long)te.offset,
-                               (unsigned long long)(te.offset + te.nbytes - 1), crc);
-            c->verified[t] = 1;
+            const uint32_t crc = cb_crc32(0, staging, (size_t)te.nbytes);
+            if (crc != te.crc32) {
+                m->st = COLIBRI_ERR_FORMAT;
+                snprintf(m->msg, sizeof m->msg,
+                         "tensor[%u].crc32: stored 0x%08X, but the %s payload of layer %d, expert %d "
+                         "at bytes %llu .. %llu has CRC-32 0x%08X (the payload is corrupt)",
+                         t, te.crc32, cb_mf_kind_name(te.kind), L->index, m->e, (unsigned long long)te.offset,
+                         (unsigned long long)(te.offset + te.nbytes - 1), crc);
+                return;
+            }
+            m->verified |= 1u << k;
         }
         /* the stored form: data padded to 4, then the scales (FORMAT.md) */
         const float *scales = NULL;
         if (cb_mat_scale_count(c->dtype, te.rows, te.cols))
-            scales = (const float *)(const void *)(c->staging +
+            scales = (const float *)(const void *)(staging +
                                                    ((cb_mat_data_bytes(c->dtype, te.rows, te.cols) + 3) & ~(size_t)3));
-        cb_place_mat(L->kernels, c->dtype, c->staging, scales, te.rows, te.cols, dst, mats[k]);
+        cb_place_mat(L->kernels, c->dtype, staging, scales, te.rows, te.cols, dst, mats[k]);
         dst += cb_mat_bytes(L->kernels, c->dtype, te.rows, te.cols);
     }
-    return COLIBRI_OK;
 }
 
-int cb_cache_acquire(cb_cache *c, colibri_layer *L, const cb_job *jobs, int j0, int njobs, int *j1) {
+int cb_cache_acquire(cb_cache *c, colibri_layer *L, const cb_job *jobs, int j0, int njobs, int *j1, int nt) {
     const int E = c->n_experts;
     const uint64_t turn = ++c->turn;
-    int held = 0, j = j0;
+    int held = 0, nmiss = 0, j = j0;
+    /* the turn's experts, and a slot for each miss: the least recently used one this turn
+     * does not hold (a free one first) */
     for (; j < njobs; j++) {
         const cb_expert *x = jobs[j].ex;
         if (x < L->experts || x >= L->experts + E) continue; /* the shared expert */
@@ -189,8 +215,6 @@ int cb_cache_acquire(cb_cache *c, colibri_layer *L, const cb_job *jobs, int j0, 
         if (s >= 0) {
             c->st.hits++;
         } else {
-            c->st.misses++;
-            /* the least recently used slot this turn does not hold (a free one first) */
             int best = -1;
             for (int i = 0; i < c->n_slots; i++) {
                 if (c->last_use[i] == turn) continue;
@@ -201,29 +225,53 @@ int cb_cache_acquire(cb_cache *c, colibri_layer *L, const cb_job *jobs, int j0, 
                 if (best < 0 || c->last_use[i] < c->last_use[best]) best = i;
             }
             s = best; /* there is one: this turn holds fewer than n_slots */
-            const double t0 = cb_now_s();
             if (c->owner[s] >= 0) {
                 const int ol = c->owner[s] / E, oe = c->owner[s] % E;
                 clear_expert(&c->layers[ol].experts[oe]);
                 c->slot_of[c->owner[s]] = -1;
+                c->owner[s] = -1;
                 c->st.evictions++;
             }
-            c->owner[s] = -1;
-            int st = load_expert(c, L, e, s);
-            c->st.stall_seconds += cb_now_s() - t0;
-            if (st) {
-                clear_expert(&L->experts[e]);
-                c->last_use[s] = 0;
-                return st;
-            }
-            c->owner[s] = (int32_t)key;
-            c->slot_of[key] = s;
+            c->miss[nmiss].e = e;
+            c->miss[nmiss++].s = s;
         }
         c->last_use[s] = turn;
         held++;
     }
     *j1 = j;
-    return COLIBRI_OK;
+    if (!nmiss) return COLIBRI_OK;
+    /* the misses read, checked and packed by the call's threads together, each with its
+     * staging buffer */
+    if (nt < 1) nt = 1;
+    if (nt > nmiss) nt = nmiss;
+    if (nt > c->staging_threads) {
+        unsigned char *more = realloc(c->staging, (size_t)nt * c->staging_bytes);
+        if (more) c->staging = more, c->staging_threads = nt;
+        else nt = c->staging_threads;
+    }
+    const double t0 = cb_now_s();
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int i = 0; i < nmiss; i++)
+        load_expert(c, L, &c->miss[i], c->staging + (size_t)omp_get_thread_num() * c->staging_bytes);
+    c->st.stall_seconds += cb_now_s() - t0;
+    int st = COLIBRI_OK;
+    for (int i = 0; i < nmiss; i++) {
+        struct cb_miss *m = &c->miss[i];
+        c->st.misses++;
+        c->st.bytes_read += m->bytes;
+        for (int k = 0; k < 3; k++)
+            if (m->verified >> k & 1u) c->verified[cb_mf_slot(c->mf, (uint64_t)L->index, 1 + 3 * (uint64_t)m->e + (uint64_t)k)] = 1;
+        if (m->st) { /* the slot stays free; the first failure in the experts' order is the call's */
+            clear_expert(&L->experts[m->e]);
+            c->last_use[m->s] = 0;
+            if (!st) st = cb_fail(m->st, "%s", m->msg);
+            continue;
+        }
+        const size_t key = (size_t)L->index * (size_t)E + (size_t)m->e;
+        c->owner[m->s] = (int32_t)key;
+        c->slot_of[key] = m->s;
+    }
+    return st;
 }
 
 void cb_cache_stats(const cb_cache *c, colibri_memory_stats *out) {

@@ -65,13 +65,13 @@ typedef struct {
 /* A budgeted model's routed experts (expert_cache.c). A forward call on one of its layers
  * brackets its work with begin/end (one call at a time per model); acquire makes the experts
  * of jobs [j0, njobs) resident from j0 on, as many as the cache holds at once (at least one),
- * and sets *j1 where that run ends. A job of an expert outside L->experts (the shared one)
+ * and sets *j1 where that run ends; nt threads read the misses. A job of an expert outside L->experts (the shared one)
  * is always resident. An expert's CRC is checked on its first read: a mismatch fails the
  * call (COLIBRI_ERR_FORMAT), as a read error does (COLIBRI_ERR_IO). */
 typedef struct cb_cache cb_cache;
 void cb_cache_begin(cb_cache *c);
 void cb_cache_end(cb_cache *c);
-int cb_cache_acquire(cb_cache *c, colibri_layer *L, const cb_job *jobs, int j0, int njobs, int *j1);
+int cb_cache_acquire(cb_cache *c, colibri_layer *L, const cb_job *jobs, int j0, int njobs, int *j1, int nt);
 void cb_cache_stats(const cb_cache *c, colibri_memory_stats *out);
 void cb_cache_free(cb_cache *c);
 

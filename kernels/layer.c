@@ -519,7 +519,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     if (L->cache) cb_cache_begin(L->cache);
     for (int j0 = 0, j1; j0 < njobs; j0 = j1) {
         j1 = njobs;
-        if (L->cache && (st = cb_cache_acquire(L->cache, L, jobs, j0, njobs, &j1))) break;
+        if (L->cache && (st = cb_cache_acquire(L->cache, L, jobs, j0, njobs, &j1, nt))) break;
         run_turn(L, jobs + j0, j1 - j0, x, y, T, nt, wsbase, wstride, wsb, j0 == 0 ? xprep : NULL, xprep, j0 == 0);
     }
     if (L->cache) cb_cache_end(L->cache);
