@@ -6,7 +6,9 @@
  * experts, and every token on the same two experts (the router's rows all zero: ties go to
  * the lowest indices). The threads split rows, so an output never depends on how many there
  * are: the 2- and 4-thread outputs must equal the 1-thread one bit for bit. With a model
- * file (argv[1]) the same for colibri_infer, whose load packs the experts on the threads.
+ * file (argv[1]) the same for colibri_infer, whose load packs the experts on the threads,
+ * and for the model under memory budgets of one and three experts, whose cache the call's
+ * threads fill together.
  * Prints "test_race: N checks, M failed" and exits 1 if any failed. */
 #include <math.h>
 #include <stdint.h>
@@ -136,8 +138,31 @@ static void run_model(const char *path) {
             snprintf(what, sizeof what, "model: %d threads equal 1", nt);
             check(memcmp(y1, y, (size_t)T * h * sizeof *y) == 0, what);
         }
-        free(x), free(y);
         colibri_free_model(m);
+        /* under memory budgets of one and three experts: the call's threads read a turn's
+         * misses together; the outputs stay those of the 1-thread unbudgeted run */
+        colibri_load_options o;
+        colibri_memory_stats a, b;
+        memset(&o, 0, sizeof o);
+        memset(&a, 0, sizeof a);
+        memset(&b, 0, sizeof b);
+        o.memory_budget = (size_t)1 << 30; /* a probe: the resident parts, then one expert's size */
+        m = colibri_load_model_with(path, &o);
+        check(m && colibri_model_stats(m, &a) == COLIBRI_OK && colibri_infer(m, x, y, T) == COLIBRI_OK &&
+                  colibri_model_stats(m, &b) == COLIBRI_OK && b.misses > 0,
+              "budget probe");
+        colibri_free_model(m);
+        const size_t slot = b.misses ? (b.resident_bytes - a.resident_bytes) / b.misses : 0;
+        for (int slots = 1; slots <= 3 && slot; slots += 2) {
+            o.memory_budget = a.resident_bytes + (size_t)slots * slot;
+            m = colibri_load_model_with(path, &o);
+            char what[64];
+            snprintf(what, sizeof what, "model, %d threads, budget of %d experts, equals 1 thread", nt, slots);
+            check(m && colibri_infer(m, x, y, T) == COLIBRI_OK && memcmp(y1, y, (size_t)T * h * sizeof *y) == 0,
+                  what);
+            colibri_free_model(m);
+        }
+        free(x), free(y);
     }
     colibri_set_num_threads(0);
 }
