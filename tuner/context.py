@@ -162,6 +162,13 @@ class Tuner:
         with the profile's values for that class)."""
         return shapes.for_class(self.default_assignment, sc) if sc else dict(self.default)
 
+    def start_for(self, sc: str | None = None) -> dict:
+        """Where tuning shape class `sc` starts: its default knobs, with the knobs that
+        --space pins to one value at that value (whichever class they belong to)."""
+        pins = {k: v[0] for k, v in (self.cfg.space_overrides or {}).items()
+                if len(v) == 1 and k in self.spec.knobs}
+        return {**self.default_for(sc), **pins}
+
     def shape_groups(self) -> dict[str, list]:
         """Shape class (colibri_build/shapes.py) -> the run's problems of shapes in it."""
         out: dict[str, list] = {}
@@ -196,7 +203,7 @@ class Tuner:
             # most classes then have no more candidates than the race takes, and go to it
             # without a screening pass
             try:
-                space = space.one_at_a_time(self.default_for(self.current_shape),
+                space = space.one_at_a_time(self.start_for(self.current_shape),
                                             [k for k in mine if k not in (self.cfg.space_overrides or {})])
             except ValueError:  # no point near the default (a constraint with other knobs)
                 pass            # the product of the quick values, as it is

@@ -90,10 +90,11 @@ def class_plan(t: Tuner, cls: str, probs: list, base: dict) -> tuple[list, str |
 
 def quick_points(t: Tuner) -> list[dict]:
     """--quick: every point of every class that will be tuned, each class from the
-    profile's defaults (what the run builds when no class adopts a change)."""
+    profile's defaults and the --space pins (what the run builds when no class adopts a
+    change)."""
     out = {}
     for sc, probs in t.shape_groups().items():
-        t.current_shape, base = sc, t.default_for(sc)
+        t.current_shape, base = sc, t.start_for(sc)
         for cls in t.classes:
             if class_plan(t, cls, probs, base)[1] is None:
                 out.update({variant_id(k): k for k in t.class_space(cls, base).points()})
@@ -102,12 +103,12 @@ def quick_points(t: Tuner) -> list[dict]:
 
 
 def tune_shape_class(t: Tuner, sc: str, probs: list) -> dict:
-    """Every knob class on the problems of one shape class, from the profile's defaults;
-    {"shapes", "classes", "skipped", "knobs": the winners}."""
+    """Every knob class on the problems of one shape class, from the profile's defaults and
+    the --space pins; {"shapes", "classes", "skipped", "knobs": the winners}."""
     names = list(dict.fromkeys(p.shape for p in probs))
     t.say(f"shape class {sc} ({shapes.describe(sc)}): {', '.join(names)}")
     t.current_shape = sc
-    base, done, skipped = t.default_for(sc), [], []
+    base, done, skipped = t.start_for(sc), [], []
     for cls, knobs in t.classes.items():
         t.problems, why, live = class_plan(t, cls, probs, base)
         if why:

@@ -512,3 +512,22 @@ def test_worker_memory_cap_holds_the_reference_weights_and_every_layer_copy():
                     + (libs + 1) * resident_copies(p.layer_bytes, llc) * p.layer_bytes)
             assert memory_cap([p], libs, llc) >= held + (2 << 30)
     assert memory_cap([problem("tiny/decode/f32")], 1, llc) == 4 << 30
+
+
+def test_a_knob_pinned_by_space_holds_in_every_class_not_only_its_own(tmp_path):
+    """--space KNOB=V (one value) fixes KNOB everywhere: the other classes are tuned with it
+    at V (their base), not at its default, so the winners and the emitted build keep it."""
+    from tuner.context import Tuner
+    from tuner.run import RunConfig, quick_points
+
+    cfg = RunConfig(quick=True, build_dir=tmp_path, measure_bandwidth=False, log=lambda m: None,
+                    shapes=("qwen3-30b-a3b",))
+    t = Tuner(cfg)
+    sc = next(iter(t.shape_groups()))
+    default = t.default_for(sc)["rows"]
+    pin = next(v for v in t.spec.knobs["rows"].values if v != default)
+    cfg.space_overrides = {"rows": [pin]}  # "rows" is the decode class's; the others follow it
+    assert t.start_for(sc)["rows"] == pin and t.default_for(sc)["rows"] == default
+    points = quick_points(t)
+    assert points and all(p["rows"] == pin for p in points)
+    t.store.close()
