@@ -46,7 +46,8 @@ class Model:
 
     @classmethod
     def load(cls, path, lib=None, *, check_crc: bool = True,
-             memory_budget: int | None = None) -> "Model":
+             memory_budget: int | None = None, io_threads: int = 0, read_depth: int = 0,
+             direct_io: int = 0) -> "Model":
         """Map and validate `path`. lib: a library path or an opened library (default:
         colibri._lib.open_library()). check_crc=False leaves the payloads' CRC-32 unchecked
         (a pass over the whole file): only for files the caller wrote and whose outputs it
@@ -57,6 +58,12 @@ class Model:
         from the file when a call needs them, their CRC-32 checked on first read (a corrupt
         one then fails that call with ModelFormatError). Outputs are the same bits as
         without a budget. stats() counts the cache's hits, misses and reads.
+
+        With a budget, io_threads threads read the missing experts while the call computes
+        the resident ones (0: the build's default; -1: none, the call's threads read before
+        computing), through read_depth staging buffers of one tensor each, paid from the
+        budget (0: the build's default), past the page cache (O_DIRECT) where direct_io is 1
+        (-1: through it; 0: the build's default).
 
         Raises FileNotFoundError, ModelFormatError, ColibriError (a budget too small for
         the resident parts and one expert among them)."""
@@ -70,12 +77,20 @@ class Model:
             raise TypeError(f"memory_budget must be an int of bytes or None, got {type(memory_budget).__name__}")
         if memory_budget is not None and memory_budget <= 0:
             raise ValueError(f"memory_budget must be > 0 bytes (None: no budget), got {memory_budget}")
+        for name, v, lo, hi in (("io_threads", io_threads, -1, 256), ("read_depth", read_depth, 0, 4096),
+                                ("direct_io", direct_io, -1, 1)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+            if not lo <= v <= hi:
+                raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
         lib = _open(lib)
         if memory_budget is not None and not hasattr(lib, "colibri_model_stats"):
             raise ColibriError(f"the library {lib} predates memory budgets: rebuild it")
         if (not check_crc or memory_budget) and hasattr(lib, "colibri_load_model_with"):
             opts = ffi.new("colibri_load_options *", {"skip_crc": int(not check_crc),
-                                                      "memory_budget": int(memory_budget or 0)})
+                                                      "memory_budget": int(memory_budget or 0),
+                                                      "io_threads": int(io_threads), "read_depth": int(read_depth),
+                                                      "direct_io": int(direct_io)})
             handle = lib.colibri_load_model_with(os.fsencode(fspath), opts)
         else:
             handle = lib.colibri_load_model(os.fsencode(fspath))
@@ -167,14 +182,18 @@ class Model:
 
     def stats(self) -> dict:
         """The weights held and the expert cache's traffic since load: hits, misses,
-        evictions, bytes_read, stall_seconds, resident_bytes, budget_bytes (0: no budget),
-        cache_slots (experts the cache holds at once; 0: no cache)."""
+        evictions, bytes_read, stall_seconds (calls waiting for missing experts: reading,
+        checking, packing) and wait_seconds (the part spent waiting for the disk),
+        resident_bytes, budget_bytes (0: no budget), cache_slots (experts the cache holds at
+        once; 0: no cache), staging_bytes (the read buffers, inside the budget), io_threads
+        (reading threads running), direct_io (1: the reads go past the page cache)."""
         with self._lock:
             st = ffi.new("colibri_memory_stats *")
             check(self._lib, self._lib.colibri_model_stats(self._live(), st), "colibri_model_stats")
-            return {k: (float(getattr(st, k)) if k == "stall_seconds" else int(getattr(st, k)))
-                    for k in ("hits", "misses", "evictions", "bytes_read", "stall_seconds",
-                              "resident_bytes", "budget_bytes", "cache_slots")}
+            return {k: (float(getattr(st, k)) if k.endswith("_seconds") else int(getattr(st, k)))
+                    for k in ("hits", "misses", "evictions", "bytes_read", "stall_seconds", "wait_seconds",
+                              "resident_bytes", "budget_bytes", "cache_slots", "staging_bytes", "io_threads",
+                              "direct_io")}
 
     # ---- lifetime
     def close(self) -> None:

@@ -242,6 +242,14 @@ typedef struct colibri_load_options {
                    * stay resident, and the routed experts take turns in an expert cache of what
                    * is left, read from the file when a call needs them (their CRC-32 checked on
                    * first read). Too small for the resident parts plus one expert: an error. */
+    int io_threads; /* with a budget: threads that read the missing experts while the call
+                   * computes the resident ones (0: the build's default, 4; -1: none, the
+                   * call's threads read them before computing) */
+    int read_depth; /* with a budget: tensors read at once, each through a staging buffer of
+                   * the largest stored tensor, paid from the budget (0: the build's
+                   * default, 8; fewer where the budget would otherwise hold no expert) */
+    int direct_io;  /* with a budget: 1 reads with O_DIRECT, past the page cache (a read that
+                   * fails so goes through it); -1 through the page cache; 0 the build's default */
 } colibri_load_options;
 colibri_model *colibri_load_model_with(const char *path, const colibri_load_options *opts);
 /* Each layer in order: h = h + moe(h). input/output [seq_len, hidden]; they may alias.
@@ -264,6 +272,10 @@ typedef struct colibri_memory_stats {
     size_t resident_bytes;  /* weights held now: resident parts + cached experts */
     size_t budget_bytes;    /* the budget (0: none) */
     int cache_slots;        /* experts the cache holds at once (0: no cache) */
+    double wait_seconds;    /* the part of stall_seconds spent waiting for the disk */
+    size_t staging_bytes;   /* the buffers reads go through (inside the budget) */
+    int io_threads;         /* I/O threads running (0: none yet, or the calls' threads read) */
+    int direct_io;          /* 1: reads go past the page cache (O_DIRECT) */
 } colibri_memory_stats;
 int colibri_model_stats(const colibri_model *model, colibri_memory_stats *out);
 

@@ -63,15 +63,20 @@ typedef struct {
 } cb_job;
 
 /* A budgeted model's routed experts (expert_cache.c). A forward call on one of its layers
- * brackets its work with begin/end (one call at a time per model); acquire makes the experts
- * of jobs [j0, njobs) resident from j0 on, as many as the cache holds at once (at least one),
- * and sets *j1 where that run ends; nt threads read the misses. A job of an expert outside L->experts (the shared one)
- * is always resident. An expert's CRC is checked on its first read: a mismatch fails the
- * call (COLIBRI_ERR_FORMAT), as a read error does (COLIBRI_ERR_IO). */
+ * brackets its work with begin/end (one call at a time per model). acquire takes the
+ * experts of jobs [j0, njobs) from j0 on, as many as the cache holds at once, sets *j1
+ * where that turn ends, puts the turn's jobs already resident in ready[0, *nready) (the
+ * shared expert's job is always resident) and starts reading the others. next waits for
+ * some of them and makes them resident with nt threads, putting their jobs in ready; it
+ * returns *nready == 0 once the turn has none left. An expert's CRC is checked on its
+ * first read: a mismatch fails the call (COLIBRI_ERR_FORMAT), as a read error does
+ * (COLIBRI_ERR_IO), reported by the next call that leaves none left. */
 typedef struct cb_cache cb_cache;
 void cb_cache_begin(cb_cache *c);
 void cb_cache_end(cb_cache *c);
-int cb_cache_acquire(cb_cache *c, colibri_layer *L, const cb_job *jobs, int j0, int njobs, int *j1, int nt);
+int cb_cache_acquire(cb_cache *c, colibri_layer *L, const cb_job *jobs, int j0, int njobs, int *j1, int *ready,
+                     int *nready);
+int cb_cache_next(cb_cache *c, int *ready, int *nready, int nt);
 void cb_cache_stats(const cb_cache *c, colibri_memory_stats *out);
 void cb_cache_free(cb_cache *c);
 
@@ -85,6 +90,22 @@ void cb_clear_error(void);
 #define COLIBRI_DEFAULT_HUGEPAGES 1
 #endif
 #define CB_DEFAULT_HUGEPAGES (COLIBRI_DEFAULT_HUGEPAGES ? COLIBRI_HUGEPAGES_AUTO : COLIBRI_HUGEPAGES_OFF)
+
+/* A budgeted model's reads (colibri_load_options' io_threads, read_depth and direct_io
+ * when 0): I/O threads, staging buffers of one tensor each (reads in flight at once), and
+ * whether they go past the page cache (O_DIRECT). */
+#ifndef COLIBRI_IO_THREADS
+#define COLIBRI_IO_THREADS 4
+#endif
+#ifndef COLIBRI_READ_DEPTH
+#define COLIBRI_READ_DEPTH 8
+#endif
+#ifndef COLIBRI_DIRECT_IO
+#define COLIBRI_DIRECT_IO 1
+#endif
+#define CB_DEFAULT_IO_THREADS COLIBRI_IO_THREADS
+#define CB_DEFAULT_DIRECT_IO COLIBRI_DIRECT_IO
+#define CB_DEFAULT_READ_DEPTH COLIBRI_READ_DEPTH
 
 #define CB_INT4_GROUP 32
 

@@ -317,11 +317,13 @@ static void phase_prep(const colibri_layer *L, const cb_job *jobs, int njobs, in
     }
 }
 
-/* One turn of a forward call: the experts of jobs[0, njobs), resident, computed and added
- * into y (zeroed first on the first turn). xfill: where the gateups' prepared activations are
- * to be made this turn (the first), xprep where they are. */
-static void run_turn(const colibri_layer *L, cb_job *jobs, int njobs, const float *x, float *y, int T, int nt,
-                     char *wsbase, size_t wstride, size_t wsb, char *xfill, const char *xprep, int first) {
+/* One turn of a forward call, or part of one: the gate and up projections of gjobs[0,
+ * ngjobs) (after preparing the gateups' activations where xfill asks: into xfill, on the
+ * first turn; xprep is where they are), then where do_down asks, the down projections of
+ * all the turn's jobs[0, njobs), added into y (zeroed first on the first turn). */
+static void run_turn(const colibri_layer *L, cb_job *jobs, int njobs, const cb_job *gjobs, int ngjobs,
+                     const float *x, float *y, int T, int nt, char *wsbase, size_t wstride, size_t wsb,
+                     char *xfill, const char *xprep, int first, int do_down) {
     const int H = L->hidden;
     const cbk_part *part = cbk_part_of(L->kernels, L->dtype);
     /* the down projection's activations, prepared once where its path takes them and more
@@ -329,7 +331,7 @@ static void run_turn(const colibri_layer *L, cb_job *jobs, int njobs, const floa
      * rows). At one thread there is nothing to save, and the buffer's fresh pages cost
      * time; without memory for it, each thread converts its own. */
     char *prepbuf = NULL;
-    if (wsb && nt > 1 && part->prep_bytes) {
+    if (do_down && wsb && nt > 1 && part->prep_bytes) {
         size_t pb = 0;
         for (int j = 0; j < njobs; ++j) pb += (part->prep_bytes(L->dtype, &jobs[j].ex->down, jobs[j].ntok) + 63) / 64 * 64;
         if (pb) prepbuf = cb_scratch(CB_SCRATCH_PREP, pb); /* a multiple of 64 */
@@ -349,20 +351,44 @@ static void run_turn(const colibri_layer *L, cb_job *jobs, int njobs, const floa
             if (t0 < t1) part->xprep(L->dtype, x, H, H, t0, t1, xfill);
 #pragma omp barrier
         }
-        phase_gateup(L, jobs, njobs, x, tid, nth, ws, xprep);
+        phase_gateup(L, gjobs, ngjobs, x, tid, nth, ws, xprep);
+        if (do_down) {
 #pragma omp barrier
-        if (prepbuf) {
-            phase_prep(L, jobs, njobs, tid, nth);
+            if (prepbuf) {
+                phase_prep(L, jobs, njobs, tid, nth);
 #pragma omp barrier
+            }
+            int c0, c1;
+            cb_split_range(H, nth, tid, 16, &c0, &c1); /* 16 floats: threads never share a cache line of y */
+            if (first)
+                for (int t = 0; t < T; ++t) memset(y + (size_t)t * H + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+            for (int j = 0; j < njobs && c0 < c1; ++j)
+                part->rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter, jobs[j].ntok, jobs[j].tw,
+                               jobs[j].tok, c0, c1, y, H, ws, jobs[j].prep);
         }
-        int c0, c1;
-        cb_split_range(H, nth, tid, 16, &c0, &c1); /* 16 floats: threads never share a cache line of y */
-        if (first)
-            for (int t = 0; t < T; ++t) memset(y + (size_t)t * H + c0, 0, (size_t)(c1 - c0) * sizeof(float));
-        for (int j = 0; j < njobs && c0 < c1; ++j)
-            part->rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter, jobs[j].ntok, jobs[j].tw,
-                           jobs[j].tok, c0, c1, y, H, ws, jobs[j].prep);
     }
+}
+
+/* One turn of a budgeted layer (its cache): the gate and up projections of the experts
+ * resident now, then of the missing ones as their reads complete, then every down
+ * projection in the jobs' order. jobs from j0 on; sets *j1 where the turn ends. */
+static int run_cached_turn(colibri_layer *L, cb_job *jobs, int j0, int njobs, int *j1, cb_job *gjobs, int *ready,
+                           const float *x, float *y, int T, int nt, char *wsbase, size_t wstride, size_t wsb,
+                           char *xprep) {
+    int nr, st = cb_cache_acquire(L->cache, L, jobs, j0, njobs, j1, ready, &nr);
+    char *xfill = j0 == 0 ? xprep : NULL;
+    while (!st) {
+        if (nr || xfill) {
+            for (int i = 0; i < nr; ++i) gjobs[i] = jobs[ready[i]];
+            run_turn(L, NULL, 0, gjobs, nr, x, y, T, nt, wsbase, wstride, wsb, xfill, xprep, 0, 0);
+            xfill = NULL;
+        }
+        st = cb_cache_next(L->cache, ready, &nr, nt);
+        if (!nr) break;
+    }
+    if (!st)
+        run_turn(L, jobs + j0, *j1 - j0, NULL, 0, x, y, T, nt, wsbase, wstride, wsb, NULL, xprep, j0 == 0, 1);
+    return st;
 }
 
 int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int n_threads) {
@@ -406,6 +432,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     size_t bytes = (f_logits + f_w + f_tw + h_floats) * sizeof(float) +
                    (i_idx + i_cnt + i_tok + 2 * i_off) * sizeof(int32_t) +
                    (size_t)(E + 1) * sizeof(cb_job) + (size_t)T;
+    if (L->cache) bytes += (size_t)(E + 1) * (sizeof(cb_job) + sizeof(int)); /* the cache's turns' lists */
     const size_t ws_off = (bytes + 63) / 64 * 64;
     if (wstride && (size_t)nt > (SIZE_MAX - ws_off - 64) / wstride)
         return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d: kernel workspace too large", T);
@@ -414,7 +441,9 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     if (!scratch) return cb_fail(COLIBRI_ERR_NOMEM, "out of memory for %zu bytes of scratch", bytes);
     /* the jobs first: the buffer's alignment suits them, the arrays after them need less */
     cb_job *jobs = (cb_job *)(void *)scratch;
-    float *logits = (float *)(void *)(jobs + E + 1);
+    cb_job *gjobs = jobs + E + 1; /* with a cache: the jobs one gateup pass runs, and theirs in jobs */
+    int *ready = (int *)(void *)(gjobs + (L->cache ? E + 1 : 0));
+    float *logits = (float *)(void *)(ready + (L->cache ? E + 1 : 0));
     float *wsel = logits + f_logits;
     float *tw = wsel + f_w;
     float *hbuf = tw + f_tw;
@@ -516,13 +545,14 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     /* The experts in turns: one turn of all of them, or with a budgeted model's cache as many
      * as it holds at once, each turn's read before it runs. The turns keep the experts'
      * order, so each output sums the same terms in the same order either way. */
-    if (L->cache) cb_cache_begin(L->cache);
-    for (int j0 = 0, j1; j0 < njobs; j0 = j1) {
-        j1 = njobs;
-        if (L->cache && (st = cb_cache_acquire(L->cache, L, jobs, j0, njobs, &j1, nt))) break;
-        run_turn(L, jobs + j0, j1 - j0, x, y, T, nt, wsbase, wstride, wsb, j0 == 0 ? xprep : NULL, xprep, j0 == 0);
+    if (L->cache) {
+        cb_cache_begin(L->cache);
+        for (int j0 = 0, j1; j0 < njobs && !st; j0 = j1)
+            st = run_cached_turn(L, jobs, j0, njobs, &j1, gjobs, ready, x, y, T, nt, wsbase, wstride, wsb, xprep);
+        cb_cache_end(L->cache);
+    } else if (njobs) {
+        run_turn(L, jobs, njobs, jobs, njobs, x, y, T, nt, wsbase, wstride, wsb, xprep, xprep, 1, 1);
     }
-    if (L->cache) cb_cache_end(L->cache);
     if (st) return st;
     if (guards) {
         int hit = guard_intact(hbuf) ? -2 : -1;

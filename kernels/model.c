@@ -267,6 +267,12 @@ colibri_model *colibri_load_model_with(const char *path, const colibri_load_opti
         cb_fail(COLIBRI_ERR_INVALID, "colibri_load_model: path is NULL");
         return NULL;
     }
+    if (opts && (opts->io_threads < -1 || opts->io_threads > 256 || opts->read_depth < 0 || opts->read_depth > 4096 ||
+                 opts->direct_io < -1 || opts->direct_io > 1)) {
+        cb_fail(COLIBRI_ERR_INVALID, "colibri_load_model: io_threads must be in [-1, 256], read_depth in [0, 4096] "
+                "and direct_io in [-1, 1], got %d, %d and %d", opts->io_threads, opts->read_depth, opts->direct_io);
+        return NULL;
+    }
     colibri_model *m = calloc(1, sizeof *m);
     if (!m) {
         cb_fail(COLIBRI_ERR_NOMEM, "colibri_load_model: out of memory");
@@ -324,7 +330,8 @@ colibri_model *colibri_load_model_with(const char *path, const colibri_load_opti
             colibri_free_model(m);
             return NULL;
         }
-        m->cache = cb_cache_create(mf, m->fd, m->layers, budget - m->resident_bytes, check_crc);
+        m->cache = cb_cache_create(mf, m->fd, m->layers, budget - m->resident_bytes, check_crc,
+                                   opts->io_threads, opts->read_depth, opts->direct_io);
         if (!m->cache) {
             colibri_free_model(m);
             return NULL;

@@ -40,15 +40,16 @@ def test_outputs_are_the_same_bits_at_every_budget(lib, tmp_path, dtype, shared)
             probe(xs[-1])
             st = probe.stats()
             per = (st["resident_bytes"] - resident) // min(st["misses"], st["cache_slots"])
+            staging = st["staging_bytes"]  # the read buffers, paid from the budget
         finally:
             probe.close()
-        budget = resident + slots * per
+        budget = resident + staging + slots * per
         with Model.load(p, lib=lib, memory_budget=budget) as m:
             assert m.stats()["cache_slots"] == slots
             for x, w in zip(xs, want):
                 np.testing.assert_array_equal(m(x), w)
             st = m.stats()
-            assert st["budget_bytes"] == budget and st["resident_bytes"] <= budget
+            assert st["budget_bytes"] == budget and st["resident_bytes"] + st["staging_bytes"] <= budget
             assert st["misses"] > 0 and st["bytes_read"] > 0
             if slots == 1:
                 assert st["evictions"] > 0  # 2 experts a token, one slot: every turn reads
@@ -99,7 +100,8 @@ def _corrupt_expert_payload(path, layer, expert):
     path.write_bytes(bytes(raw))
 
 
-def test_a_corrupt_expert_fails_the_call_that_reads_it_and_nothing_else(lib, tmp_path):
+@pytest.mark.parametrize("io_threads", [0, -1])  # reads on I/O threads, or on the call's
+def test_a_corrupt_expert_fails_the_call_that_reads_it_and_nothing_else(lib, tmp_path, io_threads):
     p = tmp_path / "m.colibri"
     save_model(p, _layers(2), weight_dtype="int8", share=False)
     x = np.random.default_rng(3).standard_normal((64, H), dtype=np.float32)  # meets every expert
@@ -107,12 +109,59 @@ def test_a_corrupt_expert_fails_the_call_that_reads_it_and_nothing_else(lib, tmp
     _corrupt_expert_payload(p, layer=1, expert=3)
     with pytest.raises(ModelFormatError, match="crc32"):
         Model.load(p, lib=lib)  # unbudgeted: every CRC at load, as before
-    with Model.load(p, lib=lib, memory_budget=1 << 40) as m:  # loads: experts are checked when read
+    with Model.load(p, lib=lib, memory_budget=1 << 40, io_threads=io_threads) as m:  # checked when read
         for _ in range(2):  # the same clear error every time; the process goes on
             with pytest.raises(ModelFormatError, match=r"layer 1, expert 3 .*corrupt"):
                 m(x)
     with Model.load(p, lib=lib, memory_budget=1 << 40, check_crc=False) as m:
         assert not np.array_equal(m(x), want)  # unchecked: the flipped byte computes
+
+
+@pytest.mark.parametrize("io_threads,read_depth,direct_io", [(-1, 0, 0), (-1, 1, -1), (1, 1, 1), (0, 0, -1),
+                                                              (3, 2, 0)])
+def test_reads_on_io_threads_or_the_calls_threads_give_the_same_bits(lib, tmp_path, io_threads, read_depth,
+                                                                      direct_io):
+    p = tmp_path / "m.colibri"
+    save_model(p, _layers(3, S=24, seed=9), weight_dtype="int4")
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal((T, H), dtype=np.float32) for T in (1, 5, 64, 1)]
+    with Model.load(p, lib=lib) as full:
+        want = [full(x) for x in xs]
+    with Model.load(p, lib=lib, memory_budget=1 << 40, read_depth=1) as probe:
+        resident, stage = probe.stats()["resident_bytes"], probe.stats()["staging_bytes"]
+        probe(xs[0][:1])
+        per = probe.stats()["resident_bytes"] - resident  # one token's first layer: K experts
+        per //= probe.stats()["misses"]
+    depth = read_depth or 8
+    budget = resident + depth * stage + 4 * per  # four slots: most of a 64-token call misses
+    with Model.load(p, lib=lib, memory_budget=budget, io_threads=io_threads, read_depth=read_depth,
+                    direct_io=direct_io) as m:
+        for x, w in zip(xs, want):
+            np.testing.assert_array_equal(m(x), w)
+        st = m.stats()
+    # O_DIRECT where asked (the default) and the file system takes it (tmpfs does not)
+    assert st["direct_io"] in ((0,) if direct_io < 0 else (0, 1))
+    assert st["cache_slots"] == 4 and st["staging_bytes"] == depth * stage
+    assert st["io_threads"] == (0 if io_threads < 0 else io_threads or 4)
+    assert st["misses"] > 4 and st["evictions"] > 0
+    assert 0 <= st["wait_seconds"] <= st["stall_seconds"]
+    if io_threads < 0:
+        assert st["wait_seconds"] == 0  # nothing to wait for: the call's threads read
+
+
+def test_read_options_out_of_range_are_refused(lib, tmp_path):
+    from colibri._lib import ffi, last_error
+
+    p = tmp_path / "m.colibri"
+    save_model(p, _layers(1), weight_dtype="int8")
+    for kw, err in (({"io_threads": -2}, ValueError), ({"io_threads": 1.0}, TypeError),
+                    ({"read_depth": -1}, ValueError), ({"read_depth": 5000}, ValueError),
+                    ({"direct_io": 2}, ValueError)):
+        with pytest.raises(err, match=next(iter(kw))):
+            Model.load(p, lib=lib, memory_budget=1 << 30, **kw)
+    opts = ffi.new("colibri_load_options *", {"memory_budget": 1 << 30, "io_threads": -2})
+    assert lib.colibri_load_model_with(str(p).encode(), opts) == ffi.NULL
+    assert "io_threads" in last_error(lib)
 
 
 def test_a_truncated_file_is_refused_at_load_with_a_budget_too(lib, tmp_path):
