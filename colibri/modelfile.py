@@ -596,6 +596,15 @@ def read_header(path) -> dict[str, Any]:
     return h
 
 
+def expert_payload_bytes(header: dict) -> int:
+    """Bytes of the routed experts' payloads in a file (read_header's dict; a tensor that
+    several slots share counted once): what a memory budget's expert cache takes turns
+    over; the rest (routers, shared experts) stays resident."""
+    E = header["n_experts"]
+    idx = {t for slots in header["slots"] for t in slots[1:1 + 3 * E] if t != ABSENT}
+    return sum(header["tensors"][t]["nbytes"] for t in idx)
+
+
 def _decode(buf, t: dict) -> np.ndarray:
     rows, cols, off = t["rows"], t["cols"], t["offset"]
     n = rows * cols

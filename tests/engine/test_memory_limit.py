@@ -5,10 +5,8 @@ margin. The program in the cgroup is kernels/tools/infer_model.c (C, so the limi
 spent on an interpreter). Needs a writable memory cgroup (v2 memory.max or v1
 memory.limit_in_bytes, as root); skips naming the reason where there is none."""
 import json
-import os
 import shutil
 import subprocess
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,73 +17,27 @@ from moe_data import make_case
 
 from colibri._lib import default_library_path
 from colibri.modelfile import ModelWriter
+from colibri_bench import cgroup
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "kernels" / "tools" / "infer_model.c"
 
 LIMIT = 32 << 20   # the cgroup's limit
 BUDGET = 12 << 20  # the model's memory budget under it
-# What the process holds besides the budget: the library and libgomp, thread stacks, the
-# activations and one call's scratch, the staging buffer of one tensor read.
+# What the process holds besides the budget (whose share includes the read buffers): the
+# library and libgomp, thread stacks, the activations and one call's scratch.
 MARGIN = 12 << 20
 H, I, E, K, LAYERS = 512, 256, 64, 8, 6  # int8: 25 MB of experts a layer, 151 MB in all
 
 
-def _cgroup_root():
-    """(version, directory) of a memory cgroup hierarchy this process can create groups in,
-    or (None, why not)."""
-    if sys.platform != "linux":
-        return None, "memory cgroups are Linux's"
-    v2 = Path("/sys/fs/cgroup")
-    if (v2 / "cgroup.controllers").is_file() and "memory" in (v2 / "cgroup.controllers").read_text().split():
-        if os.access(v2 / "cgroup.subtree_control", os.W_OK):
-            return 2, v2
-        return None, f"{v2} has the memory controller but is not writable (root needed)"
-    v1 = Path("/sys/fs/cgroup/memory")
-    if (v1 / "memory.limit_in_bytes").is_file():
-        if os.access(v1, os.W_OK):
-            return 1, v1
-        return None, f"{v1} is not writable (root needed)"
-    return None, "no memory cgroup hierarchy is mounted (neither v2 memory.max nor v1 memory/)"
-
-
 @contextmanager
 def memory_cgroup(limit):
-    """A fresh cgroup limited to `limit` bytes of memory, no swap; yields (version, path)."""
-    version, root = _cgroup_root()
-    if version is None:
-        pytest.skip(root)
-    path = root / f"colibri-test-{os.getpid()}"
+    """colibri_bench.cgroup's group, or a skip naming why there is none."""
     try:
-        path.mkdir()
-        if version == 2:
-            (path / "memory.max").write_text(str(limit))
-            if (path / "memory.swap.max").exists():
-                (path / "memory.swap.max").write_text("0")
-        else:
-            (path / "memory.limit_in_bytes").write_text(str(limit))
-            if (path / "memory.memsw.limit_in_bytes").exists():
-                (path / "memory.memsw.limit_in_bytes").write_text(str(limit))
-    except OSError as e:
-        if path.exists():
-            path.rmdir()
-        pytest.skip(f"cannot set up a memory cgroup under {root}: {e}")
-    try:
-        yield version, path
-    finally:
-        path.rmdir()  # empty again: its one process has exited
-
-
-def _oom_kills(version, path) -> int:
-    if version == 2:
-        for line in (path / "memory.events").read_text().splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
-        return 0
-    for line in (path / "memory.oom_control").read_text().splitlines():
-        if line.startswith("oom_kill "):
-            return int(line.split()[1])
-    return 0  # a kernel whose v1 group counts no OOM kills: the exit status tells
+        with cgroup.memory_cgroup(limit, tag="colibri-test") as got:
+            yield got
+    except cgroup.NoCgroup as e:
+        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="module")
@@ -114,23 +66,6 @@ def infer_model(tmp_path_factory):
     return exe
 
 
-def _drop_from_page_cache(path):
-    """The file's pages out of the page cache, so the run in the cgroup reads (and is
-    charged for) what it needs."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def _run_in(cg, cmd):
-    """cmd in cgroup cg: the child joins it before it execs."""
-    procs = cg / "cgroup.procs"
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          preexec_fn=lambda: procs.write_text(str(os.getpid())))
-
-
 @pytest.mark.parametrize("mode,T", [("decode", 200), ("prefill", 128)])
 def test_a_model_four_times_the_limit_runs_under_it(big_model, infer_model, tmp_path, mode, T):
     x = np.random.default_rng(T).standard_normal((T, H), dtype=np.float32)
@@ -141,10 +76,10 @@ def test_a_model_four_times_the_limit_runs_under_it(big_model, infer_model, tmp_
     subprocess.run([str(infer_model), str(big_model), str(inp), str(T), str(want), "0", *extra],
                    check=True, capture_output=True)
     got = tmp_path / "got.bin"
-    _drop_from_page_cache(big_model)
+    cgroup.drop_from_page_cache(big_model)
     with memory_cgroup(LIMIT) as (version, cg):
-        r = _run_in(cg, [str(infer_model), str(big_model), str(inp), str(T), str(got), str(BUDGET), *extra])
-        kills = _oom_kills(version, cg)
+        r = cgroup.run_in(cg, [str(infer_model), str(big_model), str(inp), str(T), str(got), str(BUDGET), *extra])
+        kills = cgroup.oom_kills(version, cg)
     assert r.returncode == 0, f"exit {r.returncode} (OOM kills {kills}): {r.stderr}"
     assert kills == 0
     stats = json.loads(r.stdout)
@@ -158,8 +93,8 @@ def test_without_a_budget_the_same_run_is_killed_by_the_limit(big_model, infer_m
     """The cgroup above does limit: the model's packed experts alone are over four times it."""
     x = np.random.default_rng(0).standard_normal((4, H), dtype=np.float32)
     x.tofile(tmp_path / "x.bin")
-    _drop_from_page_cache(big_model)
+    cgroup.drop_from_page_cache(big_model)
     with memory_cgroup(LIMIT) as (version, cg):
-        r = _run_in(cg, [str(infer_model), str(big_model), str(tmp_path / "x.bin"), "4", str(tmp_path / "y.bin")])
-        kills = _oom_kills(version, cg)
+        r = cgroup.run_in(cg, [str(infer_model), str(big_model), str(tmp_path / "x.bin"), "4", str(tmp_path / "y.bin")])
+        kills = cgroup.oom_kills(version, cg)
     assert r.returncode == -9 or kills > 0, f"exit {r.returncode}, OOM kills {kills}: {r.stderr}"
