@@ -124,21 +124,43 @@ def _weights(shape: dict, seed: int) -> dict:
     return out
 
 
-def soak(*, tokens: int, shape: str = "tiny", dtype: str = "f32", threads: int | None = None,
-         every: int | None = None, warmup: int | None = None, churn: int = 1,
-         model: str | os.PathLike | None = None, with_model: bool = False,
+def budget_for(path: str | os.PathLike, share: float) -> int:
+    """A memory budget holding `share` of the model file's routed experts beside the parts
+    that stay resident (routers, shared experts): the file's other payloads."""
+    from colibri.modelfile import expert_payload_bytes, read_header
+
+    h = read_header(path)
+    experts = expert_payload_bytes(h)
+    rest = sum(t["nbytes"] for t in h["tensors"]) - experts
+    return int(rest + share * experts)
+
+
+def soak(*, tokens: int | None = None, minutes: float | None = None, shape: str = "tiny", dtype: str = "f32",
+         threads: int | None = None, every: int | None = None, warmup: int | None = None, churn: int = 1,
+         model: str | os.PathLike | None = None, with_model: bool = False, budget_share: float | None = None,
          max_growth_mib: float = 4.0, seed: int = 0,
          step_hook: Callable[[], None] | None = None,
          progress: Callable[[dict], None] | None = None) -> dict:
-    """Run the soak; returns the report (see module doc). step_hook runs after every call
-    (the tests use it to leak on purpose); progress gets each sample as it is taken."""
+    """Run the soak; returns the report (see module doc). Either `tokens`, or `minutes` of
+    wall time (then a sample every 1/60 of it, the warm-up its first tenth). budget_share
+    loads the model under a memory budget holding that share of its experts (the expert
+    cache then turns over all run long). step_hook runs after every call (the tests use it
+    to leak on purpose); progress gets each sample as it is taken."""
     import colibri
     from colibri import quant
 
     from tuner.measure import problems
 
-    if tokens < 1:
+    if (tokens is None) == (minutes is None):
+        raise ValueError("give tokens or minutes, one of them")
+    if minutes is not None and not minutes > 0:
+        raise ValueError(f"minutes must be > 0, got {minutes}")
+    if tokens is not None and tokens < 1:
         raise ValueError(f"tokens must be >= 1, got {tokens}")
+    if budget_share is not None and not 0 < budget_share <= 1:
+        raise ValueError(f"budget_share must be in (0, 1], got {budget_share}")
+    if budget_share is not None and model is None and not with_model:
+        raise ValueError("a memory budget needs a model: --model FILE or --with-model")
     if shape not in problems.SHAPES:
         raise ValueError(f"unknown shape {shape!r}; known: {', '.join(problems.SHAPES)}")
     if dtype not in quant.DTYPES:
@@ -147,7 +169,12 @@ def soak(*, tokens: int, shape: str = "tiny", dtype: str = "f32", threads: int |
         raise ValueError(f"churn must be >= 0, got {churn}")
     if model is not None and with_model:
         raise ValueError("give --model FILE or --with-model, not both")
-    every, warmup = sample_plan(tokens, every, warmup)
+    deadline = None
+    if minutes is not None:  # by the clock: samples and warm-up in seconds, tokens found after
+        every_s, tokens = minutes * 60 / 40, 1 << 62
+        every, warmup = tokens, 0
+    else:
+        every, warmup = sample_plan(tokens, every, warmup)
     if every < 1:
         raise ValueError(f"every must be >= 1, got {every}")
     if not 0 <= warmup < tokens:
@@ -178,9 +205,14 @@ def soak(*, tokens: int, shape: str = "tiny", dtype: str = "f32", threads: int |
     if threads:  # the model runs with the library default: make it the same count
         if lib.colibri_set_num_threads(threads) != 0:
             raise ValueError(f"threads {threads}: {colibri._lib.last_error(lib)}")
+    budget = budget_for(model_path, budget_share) if budget_share is not None else None
+
+    def load_model():
+        return colibri.Model.load(model_path, memory_budget=budget)
+
     try:
         layer = new_layer()
-        mdl = colibri.Model.load(model_path) if model_path is not None else None
+        mdl = load_model() if model_path is not None else None
         H = spec["H"]
         Tmax = max(T_CYCLE)
         rng = np.random.default_rng(seed + 1)
@@ -193,39 +225,54 @@ def soak(*, tokens: int, shape: str = "tiny", dtype: str = "f32", threads: int |
 
         samples: list[dict] = []
         created = loaded = calls = done = 0
+        model_s = model_tokens = 0.0  # the model's calls since the last sample
         t0 = time.monotonic()
+        if minutes is not None:
+            deadline, next_s = t0 + minutes * 60, t0 + every_s
 
         def sample():
+            nonlocal model_s, model_tokens
             rec = {"tokens": done, "calls": calls, "rss_bytes": rss_bytes(),
                    "heap_bytes": heap_bytes(),
                    "layers_created": created, "models_loaded": loaded,
                    "seconds": round(time.monotonic() - t0, 3)}
+            if mdl is not None and model_s > 0:
+                rec["model_tokens_per_s"] = round(model_tokens / model_s, 2)
+            if budget is not None:
+                rec["cache"] = {k: v for k, v in mdl.stats().items()
+                                if k in ("hits", "misses", "evictions", "stall_seconds", "resident_bytes")}
+            model_s = model_tokens = 0.0
             samples.append(rec)
             if progress:
                 progress(rec)
 
         sample()
         next_at = every
-        while done < tokens:
+        while done < tokens if deadline is None else time.monotonic() < deadline:
             T = T_CYCLE[calls % len(T_CYCLE)]
             x = xb[:T]
             rng.standard_normal(dtype=np.float32, out=x)  # fresh tokens, no new array per call
             layer(x, out=yb[:T])
             if mdl is not None:
                 rng.standard_normal(dtype=np.float32, out=xm[:T])
+                m0 = time.monotonic()
                 mdl(xm[:T], out=ym[:T])
+                model_s += time.monotonic() - m0
+                model_tokens += T
             calls += 1
             done += T
             if step_hook:
                 step_hook()
-            if done >= next_at or done >= tokens:
+            due = done >= next_at or done >= tokens if deadline is None else \
+                time.monotonic() >= min(next_s, deadline)
+            if due:
                 for _ in range(churn):  # what a long-running server does on reloads
                     extra = new_layer()
                     extra(x, out=yb[:T])
                     extra.close()
                     created += 1
                     if model_path is not None:
-                        with colibri.Model.load(model_path) as m2:
+                        with load_model() as m2:
                             m2(xm[:T], out=ym[:T])
                         loaded += 1
                 if stable and not np.array_equal(layer(probe), probe_ref):
@@ -233,6 +280,8 @@ def soak(*, tokens: int, shape: str = "tiny", dtype: str = "f32", threads: int |
                 sample()
                 while next_at <= done:
                     next_at += every
+                if deadline is not None:
+                    next_s += every_s
         layer.close()
         if mdl is not None:
             mdl.close()
@@ -242,17 +291,25 @@ def soak(*, tokens: int, shape: str = "tiny", dtype: str = "f32", threads: int |
         if tmp is not None:
             tmp.cleanup()
 
+    if minutes is not None:  # the warm-up: the first tenth of the time
+        warmup = next(s["tokens"] for s in samples if s["seconds"] >= minutes * 6 or s is samples[-1])
     growth = detect_growth([(s["tokens"], s["rss_bytes"]) for s in samples], warmup,
                            max_growth_mib * 2**20)
+    post = [s for s in samples if s["tokens"] >= warmup]
+    if len(post) >= 2 and post[-1]["seconds"] > post[0]["seconds"]:  # for runs of hours and days
+        secs = np.array([s["seconds"] for s in post], np.float64)
+        growth["growth_bytes_per_hour"] = float(np.polyfit(secs, [s["rss_bytes"] for s in post], 1)[0] * 3600)
+    growth["growth_share"] = growth["growth_bytes"] / growth["baseline_bytes"]
     if all(s["heap_bytes"] is not None for s in samples):
         heap = detect_growth([(s["tokens"], s["heap_bytes"]) for s in samples], warmup,
                              max_growth_mib * 2**20)
         growth["heap_growth_bytes"] = heap["growth_bytes"]
         growth["heap_slope_bytes_per_1k_tokens"] = heap["slope_bytes_per_1k_tokens"]
         growth["leaked"] = growth["leaked"] or heap["leaked"]
-    return {"shape": shape, "dtype": dtype, "threads": threads or 0, "tokens": done,
-            "calls": calls, "t_cycle": list(T_CYCLE), "every": every, "warmup_tokens": warmup,
-            "churn": churn, "model": None if model is None else str(model),
+    return {"shape": shape, "dtype": dtype, "threads": threads or 0, "tokens": done, "minutes": minutes,
+            "calls": calls, "t_cycle": list(T_CYCLE), "every": every if minutes is None else None,
+            "every_seconds": every_s if minutes is not None else None, "warmup_tokens": warmup,
+            "churn": churn, "model": None if model is None else str(model), "memory_budget": budget,
             "with_model": with_model, "layers_created": created, "models_loaded": loaded,
             "seconds": round(time.monotonic() - t0, 3), "outputs_stable": stable,
             "samples": samples, **growth, "ok": stable and not growth["leaked"]}
@@ -263,13 +320,15 @@ def _mib(b: float) -> str:
 
 
 def _header(rep_or_args: dict) -> str:
-    return f"{'tokens':>10} {'calls':>8} {'RSS MiB':>9} {'vs start':>9}  {'layers':>6} {'models':>6}"
+    return (f"{'tokens':>10} {'calls':>8} {'RSS MiB':>9} {'vs start':>9}  {'layers':>6} {'models':>6} "
+            f"{'model tok/s':>11}")
 
 
 def _row(s: dict, start: int, warmup_tokens: int) -> str:
     mark = "  (warm-up)" if s["tokens"] < warmup_tokens else ""
+    tps = f"{s['model_tokens_per_s']:>11.1f}" if "model_tokens_per_s" in s else f"{'':>11}"
     return (f"{s['tokens']:>10} {s['calls']:>8} {_mib(s['rss_bytes'])} "
-            f"{_mib(s['rss_bytes'] - start)}  {s['layers_created']:>6} {s['models_loaded']:>6}{mark}")
+            f"{_mib(s['rss_bytes'] - start)}  {s['layers_created']:>6} {s['models_loaded']:>6} {tps}{mark}")
 
 
 def _summary(rep: dict) -> str:
@@ -305,7 +364,10 @@ def main(argv: list[str] | None = None) -> int:
                     "memory over time; fail if it grows after the warm-up.",
         epilog="Exit status: 0 no growth; 1 memory grew beyond --max-growth-mib or the probe "
                "output changed; 2 usage error.")
-    p.add_argument("--tokens", type=_cli.positive_int, required=True, help="tokens to run through the layer")
+    run = p.add_mutually_exclusive_group(required=True)
+    run.add_argument("--tokens", type=_cli.positive_int, help="tokens to run through the layer")
+    run.add_argument("--minutes", type=_cli.positive_float, help="run this long instead (72 hours: 4320), a "
+                     "sample every 1/40 of it, the first tenth the warm-up")
     p.add_argument("--shape", default="tiny", choices=sorted(problems.SHAPES),
                    help="layer shape (default tiny; qwen3-30b-a3b needs ~5 GB in f32)")
     p.add_argument("--dtype", default="f32", choices=["f32", "bf16", "int8"])
@@ -321,6 +383,11 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--with-model", action="store_true",
                    help="write a 2-layer model file of the shape to a temporary directory and "
                         "also run (and reload) it")
+    p.add_argument("--memory-budget", type=_cli.fraction, metavar="SHARE",
+                   help="load the model under a memory budget holding this share of its routed experts "
+                        "(the expert cache turns over all run long; needs --model or --with-model)")
+    p.add_argument("--out", metavar="FILE", help="also write the report as JSON to FILE and, with matplotlib, "
+                   "a plot of RSS and the model's tokens/s over time beside it (FILE with .png)")
     p.add_argument("--max-growth-mib", type=_cli.non_negative_float, default=4.0,
                    help="allowed RSS growth after the warm-up (default 4 MiB)")
     p.add_argument("--seed", type=_cli.count, default=0)
@@ -337,11 +404,12 @@ def main(argv: list[str] | None = None) -> int:
             print(_header({}))
         print(_row(sample, start[0], warmup_tokens), flush=True)
 
-    warmup_tokens = sample_plan(args.tokens, args.every, args.warmup)[1]
+    warmup_tokens = sample_plan(args.tokens, args.every, args.warmup)[1] if args.tokens else 0
     try:
-        rep = soak(tokens=args.tokens, shape=args.shape, dtype=args.dtype, threads=args.threads,
-                   every=args.every, warmup=args.warmup, churn=args.churn, model=args.model,
-                   with_model=args.with_model, max_growth_mib=args.max_growth_mib, seed=args.seed,
+        rep = soak(tokens=args.tokens, minutes=args.minutes, shape=args.shape, dtype=args.dtype,
+                   threads=args.threads, every=args.every, warmup=args.warmup, churn=args.churn,
+                   model=args.model, with_model=args.with_model, budget_share=args.memory_budget,
+                   max_growth_mib=args.max_growth_mib, seed=args.seed,
                    progress=None if args.json else live)
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"colibri_bench soak: {exc}", file=sys.stderr)
@@ -358,4 +426,38 @@ def main(argv: list[str] | None = None) -> int:
         print()
     else:
         print(_summary(rep))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rep, indent=1))
+        png = plot(rep, out.with_suffix(".png"))
+        print(f"wrote {out}" + (f" and {png}" if png else " (no matplotlib: no plot)"), file=sys.stderr)
     return EXIT_OK if rep["ok"] else EXIT_GROWTH
+
+
+def plot(rep: dict, path: Path) -> Path | None:
+    """RSS, and the model's tokens/s where it ran, against time (None without matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    hours = [s["seconds"] / 3600 for s in rep["samples"]]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(hours, [s["rss_bytes"] / 2**20 for s in rep["samples"]], "-", color="tab:blue")
+    ax.set_xlabel("hours")
+    ax.set_ylabel("RSS MiB", color="tab:blue")
+    ax.set_ylim(bottom=0)
+    tps = [(h, s["model_tokens_per_s"]) for h, s in zip(hours, rep["samples"]) if "model_tokens_per_s" in s]
+    if tps:
+        ax2 = ax.twinx()
+        ax2.plot(*zip(*tps), ".", color="tab:orange")
+        ax2.set_ylabel("model tokens/s", color="tab:orange")
+        ax2.set_ylim(bottom=0)
+    budget = rep.get("memory_budget")
+    ax.set_title(f"soak: {rep['tokens']} tokens" + (f", model budget {budget / 2**20:.0f} MiB" if budget else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -62,6 +62,26 @@ def test_short_soak_does_not_grow(plain_lib):
     assert len(rep["samples"]) >= 18
 
 
+def test_a_budgeted_model_soaks_by_the_clock_with_its_cache_turning_over(plain_lib, tmp_path):
+    """--minutes and --memory-budget: the model under a budget of a quarter of its experts,
+    reloaded under it at every sample; each sample has the model's tokens/s and the cache's
+    traffic, and the report the growth per hour and as a share of the baseline."""
+    rep = soak.soak(minutes=0.06, shape="tiny", threads=1, churn=1, with_model=True, budget_share=0.25,
+                    max_growth_mib=2.0)
+    assert rep["ok"], soak.print_report(rep) or rep
+    assert rep["memory_budget"] > 0 and rep["minutes"] == 0.06 and rep["every"] is None
+    assert 20 <= len(rep["samples"]) <= 42 and rep["samples"][-1]["seconds"] >= 3.6
+    assert 0 < rep["warmup_tokens"] < rep["tokens"]
+    late = rep["samples"][-1]
+    assert late["model_tokens_per_s"] > 0
+    assert late["cache"]["misses"] > 0 and late["cache"]["evictions"] > 0  # it turned over
+    assert abs(rep["growth_share"]) < 0.05 and "growth_bytes_per_hour" in rep
+    with pytest.raises(ValueError, match="needs a model"):
+        soak.soak(tokens=10, budget_share=0.5)
+    with pytest.raises(ValueError, match="tokens or minutes"):
+        soak.soak(tokens=10, minutes=1)
+
+
 def test_a_leaking_loop_is_caught(lib):
     """The same run plus 128 KiB kept per call (~8 MiB after warm-up): it must be flagged."""
     kept = []
