@@ -1,4 +1,5 @@
-"""kernels/crc32.c (slice-by-8) against zlib.crc32.
+"""kernels/crc32.c (slice-by-8, and carry-less folding on x86 with PCLMULQDQ for 256 bytes
+and more) against zlib.crc32.
 
 crc32.c is compiled on its own into a scratch shared object, so the check does not
 depend on the engine build exporting the internal cb_crc32 symbol.
@@ -46,9 +47,20 @@ def test_lengths_and_alignments_match_zlib(crc):
     rng = np.random.default_rng(0)
     data = rng.integers(0, 256, 4096 + 16, dtype=np.uint8).tobytes()
     for start in range(8):  # every misalignment of the first byte
-        for n in list(range(0, 70)) + [127, 128, 129, 1000, 4093, 4096]:
+        for n in list(range(0, 70)) + [127, 128, 129, 1000, 4093, 4096] + list(range(240, 340)):
             chunk = data[start:start + n]
             assert crc(chunk) == zlib.crc32(chunk), (start, n)
+
+
+def test_long_buffers_on_the_folding_path_match_zlib(crc):
+    """Every remainder mod 16 and 64 past the folding's minimum, a start value carried in,
+    and a buffer of a few MB (an expert's tensor)."""
+    rng = np.random.default_rng(2)
+    data = rng.integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+    for n in [256 + k for k in range(130)] + [1 << 20, (3 << 20) - 5]:
+        for start in (0, 5):
+            chunk = data[start:start + n]
+            assert crc(chunk, 0xDEADBEEF) == zlib.crc32(chunk, 0xDEADBEEF), (start, n)
 
 
 def test_continuation(crc):
