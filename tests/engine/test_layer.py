@@ -98,6 +98,10 @@ def test_thread_count_does_not_change_the_result(lib, dtype, experts):
 @pytest.fixture(scope="module", params=sorted(REFERENCE_SHAPES))
 def reference_case(request):
     shape = dict(REFERENCE_SHAPES[request.param])
+    if request.param == "mixtral-8x7b":
+        # 4 of its 8 experts, top-2 still: its 14336 x 4096 rows are what makes the case
+        # (the kernels see each expert alone), and the other four cost the suite ~50 s
+        shape["E"] = 4
     return make_case(**shape)
 
 

@@ -95,7 +95,7 @@ cfg = RunConfig(profile="generic", problems={PROBLEMS!r}, strategy="exhaustive",
                 min_seconds=0.05, race_rounds=(1, 1), worker_timeout_s=20,
                 build_dir=Path({str(tmp_path / 'build')!r}),
                 report_dir=Path({str(tmp_path / 'reports')!r}),
-                space_overrides={{"isa": ["portable"], "rows": [1, 2], "tok_block": [1],
+                space_overrides={{"isa": ["portable"], "rows": [1], "tok_block": [1],
                                   "unroll": [2], "prefetch_f32": [0],
                                   "fault": ["none", "compile", "crash", "hang", "wrong",
                                             "oob_scratch", "oob_out", "leak"]}})
