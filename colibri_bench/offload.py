@@ -17,8 +17,10 @@ within a round:
   mmap    a library built with the dtype's stored (rows) layout and no budget, whose kernels
           read the experts in place (none exists for int4, which every build packs: use
           int4g32, the 5-bit format read in place).
-It prints tokens/s (the calls' wall time, not the load), the cache's hit rate, its stall and
-disk wait, the peak resident set and OOM kills; checks that the budgeted outputs are the same
+It prints tokens/s (the calls' wall time) and the load's seconds apart (plain mmap checks
+every tensor's CRC at load, so it reads the whole file there, and at a limit the file fits
+in, it starts warm), the cache's hit rate, its stall and disk wait, the peak resident set
+and OOM kills; checks that the budgeted outputs are the same
 bits as an unlimited run's; writes the JSON (default reports/<host-id>/offload.json) and,
 with matplotlib, a plot of tokens/s against the budget beside it.
 Needs a writable memory cgroup (root; v2 memory.max or v1 memory.limit_in_bytes).
@@ -160,7 +162,8 @@ def _line(row: dict) -> str:
     cache = (f"  hit {st['hits'] / hits:.0%}  stall {st['stall_seconds']:.2f} s (disk {st['wait_seconds']:.2f})"
              if row["way"] == "budget" and hits else "")
     bits = "" if "same_bits" not in row else ("  same bits" if row["same_bits"] else "  OTHER BITS")
-    return f"{head} {row['tok_s']:8.2f} tok/s  peak {st['peak_rss_bytes'] / 2**20:6.0f} MiB{cache}{bits}"
+    return (f"{head} {row['tok_s']:8.2f} tok/s  load {st['load_seconds']:5.2f} s  "
+            f"peak {st['peak_rss_bytes'] / 2**20:6.0f} MiB{cache}{bits}")
 
 
 def summarize(runs: list[dict], experts: int) -> list[dict]:
@@ -175,7 +178,9 @@ def summarize(runs: list[dict], experts: int) -> list[dict]:
                     continue
                 ok = [r["tok_s"] for r in rs if r["rc"] == 0]
                 cell[way] = {"tok_s": statistics.median(ok) if ok else None, "runs": len(rs),
-                             "failed": sum(r["rc"] != 0 for r in rs), "oom_kills": sum(r["oom_kills"] for r in rs)}
+                             "failed": sum(r["rc"] != 0 for r in rs), "oom_kills": sum(r["oom_kills"] for r in rs),
+                             "load_seconds": statistics.median(r["stats"]["load_seconds"] for r in rs if r["rc"] == 0)
+                             if ok else None}
                 if way == "budget" and ok:
                     st = [r["stats"] for r in rs if r["rc"] == 0]
                     cell["budget_share_of_experts"] = rs[0]["budget"] / experts
@@ -194,21 +199,22 @@ def table(rep: dict) -> str:
     lines = [f"{rep['dtype']} file {rep['file_bytes'] / 1e9:.2f} GB, experts {rep['expert_bytes'] / 1e9:.2f} GB, "
              f"{rep['threads']} threads; limit = share x file, budget = limit - {rep['margin'] >> 20} MiB; "
              "page cache dropped before each run",
-             "| share | phase | budget (of experts) | budget tok/s | hit | stall s | mmap tok/s | budget / mmap |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| share | phase | budget (of experts) | budget tok/s | load s | hit | stall s | mmap tok/s | load s "
+             "| budget / mmap |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 
     def tok(c):
         if not c:
-            return "-"
-        return f"{c['tok_s']:.2f}" if c["tok_s"] else f"failed ({c['oom_kills']} OOM kills)"
+            return "- | -"
+        if not c["tok_s"]:
+            return f"failed ({c['oom_kills']} OOM kills) | -"
+        return f"{c['tok_s']:.2f} | {c['load_seconds']:.2f}"
 
     for c in rep["summary"]:
         b = c.get("budget") or {}
+        ratio = f"{c['ratio']:.2f}x" if "ratio" in c else "-"
         lines.append(f"| {c['share']:.2f} | {c['phase']} | {c.get('budget_share_of_experts', 0):.0%} | {tok(b)} | "
-                     f"{b.get('hit_rate', 0):.0%} | {b.get('stall_seconds', 0):.2f} | {tok(c.get('mmap'))} | "
-                     f"{c['ratio']:.2f}x |" if "ratio" in c else
-                     f"| {c['share']:.2f} | {c['phase']} | {c.get('budget_share_of_experts', 0):.0%} | {tok(b)} | "
-                     f"{b.get('hit_rate', 0):.0%} | {b.get('stall_seconds', 0):.2f} | {tok(c.get('mmap'))} | - |")
+                     f"{b.get('hit_rate', 0):.0%} | {b.get('stall_seconds', 0):.2f} | {tok(c.get('mmap'))} | {ratio} |")
     return "\n".join(lines)
 
 

@@ -48,7 +48,8 @@ def test_budgeted_runs_under_a_limit_a_quarter_of_the_file(model, tmp_path):
         assert 0 <= c["budget"]["wait_seconds"] <= c["budget"]["stall_seconds"]
         assert "mmap" not in c and "ratio" not in c
     text = offload.table(rep)
-    assert "| 0.25 | decode |" in text and "| - |" in text
+    assert "| 0.25 | decode |" in text and "| - | - | - |" in text
+    assert all(c["budget"]["load_seconds"] > 0 for c in cells)
     json.dumps(rep)  # the JSON the command writes
     png = offload.plot(rep, tmp_path / "offload.png")
     assert png is None or png.stat().st_size > 1000
