@@ -1,8 +1,9 @@
 """python -m colibri_bench: bench (the MoE layer beside its peers), ab (two builds of the
 engine, interleaved), soak (memory over a long run), e2e (whole transformers models,
 patched against unpatched), quant (the weight formats' error), profile (where the time
-goes), overhead (the Python wrappers' cost per call) and offload (a model larger than its
-memory limit: the memory budget against plain mmap).
+goes), overhead (the Python wrappers' cost per call), offload (a model larger than its
+memory limit: the memory budget against plain mmap) and cachesim (the expert cache's
+eviction policies and a next-layer predictor on a routing trace).
 `python -m colibri_bench COMMAND --help` documents each; exit status as in
 `python -m tuner` (0 ok, 1 failed, 2 usage)."""
 from __future__ import annotations
@@ -27,7 +28,9 @@ COMMANDS = {"bench": "the MoE layer side by side with NumPy and PyTorch, tuned a
             "overhead": "what the Python wrappers (the hf module, MoELayer, Linear) cost per call "
                         "over the engine, on a tiny layer",
             "offload": "a model file larger than a memory cgroup's limit: decode and prefill tokens/s "
-                       "with a memory budget against plain mmap, hit rate and stall"}
+                       "with a memory budget against plain mmap, hit rate and stall",
+            "cachesim": "the expert cache's eviction policies (LRU, LFU, Belady's bound) and a next-layer "
+                        "predictor, simulated on a routing trace"}
 MODULES = {"quant": "quanterr"}  # a command whose module has another name
 
 
