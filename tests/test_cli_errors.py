@@ -45,6 +45,8 @@ CASES = [
     ("colibri_bench", ["quant", "--rows", "0"], ">= 1"),
     ("colibri_bench", ["profile", "--seconds", "0"], "> 0"),
     ("colibri_bench", ["overhead", "--calls", "0"], ">= 1"),
+    ("colibri_bench", ["offload", "--share", "1.5"], "in (0, 1]"),
+    ("colibri_bench", ["cachesim", "--tokens", "0"], ">= 1"),
     ("colibri_bench", ["bench", "--beside", "int5"], "invalid choice"),
     ("colibri_bench", ["e2e", "--peer", "vllm"], "invalid choice"),
 ]
