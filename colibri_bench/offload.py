@@ -5,7 +5,8 @@ mmap (the experts read in place from the file's mapping, the page cache deciding
     python -m colibri_bench offload [--shape qwen3-30b-a3b] [--dtype int4g32] [--layers 4]
                                     [--share 1 --share 0.5 --share 0.25] [--decode 32]
                                     [--prefill 128] [--rounds 2] [--threads 2]
-                                    [--io-threads N] [--read-depth N] [--model FILE] [--out FILE]
+                                    [--io-threads N] [--read-depth N] [--direct-io 1|-1]
+                                    [--model FILE] [--out FILE]
 
 For each share s the cgroup's limit is s x the file's size (so at 0.25 the file is four times
 the limit), and the budget is that limit less MARGIN, what the process holds besides its
@@ -71,9 +72,11 @@ def rows_library(dtype: str, work: Path, say) -> Path:
 
 
 def run_tool(exe: Path, model: Path, x: Path, T: int, out: Path, *, budget: int, mode: str, io_threads: int,
-             read_depth: int, threads: int, cg: Path | None = None) -> tuple[int, dict | None, str]:
+             read_depth: int, threads: int, direct_io: int = 0,
+             cg: Path | None = None) -> tuple[int, dict | None, str]:
     """One run of infer_model (in cgroup cg when given): exit status, its JSON, stderr's tail."""
-    cmd = [str(exe), str(model), str(x), str(T), str(out), str(budget), mode, str(io_threads), str(read_depth)]
+    cmd = [str(exe), str(model), str(x), str(T), str(out), str(budget), mode, str(io_threads), str(read_depth),
+           str(direct_io)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     if cg is None:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
@@ -84,7 +87,8 @@ def run_tool(exe: Path, model: Path, x: Path, T: int, out: Path, *, budget: int,
 
 
 def offload(model: Path, *, shares, decode: int, prefill: int, rounds: int, threads: int, io_threads: int,
-            read_depth: int, work: Path, mmap: bool = True, margin: int = MARGIN, say=print) -> dict:
+            read_depth: int, work: Path, mmap: bool = True, margin: int = MARGIN, direct_io: int = 0,
+            say=print) -> dict:
     from colibri._lib import default_library_path
     from colibri.model import Model
     from colibri.modelfile import DTYPE_NAMES, expert_payload_bytes, read_header
@@ -137,7 +141,7 @@ def offload(model: Path, *, shares, decode: int, prefill: int, rounds: int, thre
                     with cgroup.memory_cgroup(limit, tag="colibri-offload") as (version, cg):
                         rc, st, err = run_tool(exe[way], model, xs[ph], T, out, budget=budget if way == "budget" else 0,
                                                mode="all" if ph == "prefill" else "decode", io_threads=io_threads,
-                                               read_depth=read_depth, threads=threads, cg=cg)
+                                               read_depth=read_depth, threads=threads, direct_io=direct_io, cg=cg)
                         kills = cgroup.oom_kills(version, cg)
                     row = {"share": share, "limit": limit, "budget": budget if way == "budget" else 0, "way": way,
                            "phase": ph, "tokens": T, "round": r, "rc": rc, "oom_kills": kills, "stats": st,
@@ -149,7 +153,8 @@ def offload(model: Path, *, shares, decode: int, prefill: int, rounds: int, thre
                     runs.append(row)
                     say(_line(row))
     return {"model": str(model), "dtype": dtype, "file_bytes": size, "expert_bytes": experts, "margin": margin,
-            "threads": threads, "io_threads": io_threads, "read_depth": read_depth, "decode": decode,
+            "threads": threads, "io_threads": io_threads, "read_depth": read_depth, "direct_io": direct_io,
+            "decode": decode,
             "prefill": prefill, "runs": runs, "summary": summarize(runs, experts)}
 
 
@@ -263,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=_cli.positive_int, default=2)
     p.add_argument("--io-threads", type=int, default=0, help="colibri_load_options.io_threads (0: the default)")
     p.add_argument("--read-depth", type=_cli.count, default=0, help="colibri_load_options.read_depth (0: the default)")
+    p.add_argument("--direct-io", type=int, choices=[-1, 0, 1], default=0,
+                   help="colibri_load_options.direct_io (1: O_DIRECT, -1: through the page cache, 0: the default)")
     p.add_argument("--no-mmap", action="store_true", help="budget runs only")
     p.add_argument("--margin-mib", type=_cli.positive_int, default=MARGIN >> 20,
                    help=f"the limit less the budget (default {MARGIN >> 20})")
@@ -300,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         rep = offload(model, shares=args.share or [1.0, 0.5, 0.25], decode=args.decode, prefill=args.prefill,
                       rounds=args.rounds, threads=args.threads, io_threads=args.io_threads,
                       read_depth=args.read_depth, work=work, mmap=not args.no_mmap, margin=args.margin_mib << 20,
-                      say=print)
+                      direct_io=args.direct_io, say=print)
     except (ValueError, cgroup.NoCgroup) as e:
         return usage(str(e))
     print(table(rep))
