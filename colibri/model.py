@@ -15,8 +15,10 @@ import threading
 
 import numpy as np
 
+from . import storage_settings
 from ._lib import ColibriError, check, ffi, last_error, open_library
 from .layer import PAGE_KINDS
+from .storage_settings import POLICIES
 
 _INT_MAX = 2**31 - 1
 FORMAT_ERROR = 3  # COLIBRI_ERR_FORMAT
@@ -47,7 +49,7 @@ class Model:
     @classmethod
     def load(cls, path, lib=None, *, check_crc: bool = True,
              memory_budget: int | None = None, io_threads: int = 0, read_depth: int = 0,
-             direct_io: int = 0) -> "Model":
+             direct_io: int = 0, policy: str | None = None) -> "Model":
         """Map and validate `path`. lib: a library path or an opened library (default:
         colibri._lib.open_library()). check_crc=False leaves the payloads' CRC-32 unchecked
         (a pass over the whole file): only for files the caller wrote and whose outputs it
@@ -63,7 +65,10 @@ class Model:
         the resident ones (0: the build's default; -1: none, the call's threads read before
         computing), through read_depth staging buffers of one tensor each, paid from the
         budget (0: the build's default), past the page cache (O_DIRECT) where direct_io is 1
-        (-1: through it; 0: the build's default).
+        (-1: through it; 0: the build's default); a miss replaces the cached expert that
+        policy names, "lru" (the least recently used) or "lfu" (the least often used since
+        load; None: the build's default, LRU). Where `python -m tuner storage` tuned these
+        for this host (colibri.storage_settings), its values replace the build's defaults.
 
         Raises FileNotFoundError, ModelFormatError, ColibriError (a budget too small for
         the resident parts and one expert among them)."""
@@ -77,6 +82,8 @@ class Model:
             raise TypeError(f"memory_budget must be an int of bytes or None, got {type(memory_budget).__name__}")
         if memory_budget is not None and memory_budget <= 0:
             raise ValueError(f"memory_budget must be > 0 bytes (None: no budget), got {memory_budget}")
+        if policy is not None and policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(map(repr, POLICIES))} or None, got {policy!r}")
         for name, v, lo, hi in (("io_threads", io_threads, -1, 256), ("read_depth", read_depth, 0, 4096),
                                 ("direct_io", direct_io, -1, 1)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
@@ -87,10 +94,12 @@ class Model:
         if memory_budget is not None and not hasattr(lib, "colibri_model_stats"):
             raise ColibriError(f"the library {lib} predates memory budgets: rebuild it")
         if (not check_crc or memory_budget) and hasattr(lib, "colibri_load_model_with"):
+            reads = {"io_threads": int(io_threads), "read_depth": int(read_depth), "direct_io": int(direct_io),
+                     "policy": POLICIES.index(policy) + 1 if policy else 0}
+            if memory_budget:
+                reads = storage_settings.fill(reads)
             opts = ffi.new("colibri_load_options *", {"skip_crc": int(not check_crc),
-                                                      "memory_budget": int(memory_budget or 0),
-                                                      "io_threads": int(io_threads), "read_depth": int(read_depth),
-                                                      "direct_io": int(direct_io)})
+                                                      "memory_budget": int(memory_budget or 0), **reads})
             handle = lib.colibri_load_model_with(os.fsencode(fspath), opts)
         else:
             handle = lib.colibri_load_model(os.fsencode(fspath))
@@ -186,14 +195,17 @@ class Model:
         checking, packing) and wait_seconds (the part spent waiting for the disk),
         resident_bytes, budget_bytes (0: no budget), cache_slots (experts the cache holds at
         once; 0: no cache), staging_bytes (the read buffers, inside the budget), io_threads
-        (reading threads running), direct_io (1: the reads go past the page cache)."""
+        (reading threads running), direct_io (1: the reads go past the page cache), policy
+        ("lru" or "lfu"; None: no cache)."""
         with self._lock:
             st = ffi.new("colibri_memory_stats *")
             check(self._lib, self._lib.colibri_model_stats(self._live(), st), "colibri_model_stats")
-            return {k: (float(getattr(st, k)) if k.endswith("_seconds") else int(getattr(st, k)))
-                    for k in ("hits", "misses", "evictions", "bytes_read", "stall_seconds", "wait_seconds",
-                              "resident_bytes", "budget_bytes", "cache_slots", "staging_bytes", "io_threads",
-                              "direct_io")}
+            out = {k: (float(getattr(st, k)) if k.endswith("_seconds") else int(getattr(st, k)))
+                   for k in ("hits", "misses", "evictions", "bytes_read", "stall_seconds", "wait_seconds",
+                             "resident_bytes", "budget_bytes", "cache_slots", "staging_bytes", "io_threads",
+                             "direct_io")}
+            out["policy"] = POLICIES[st.policy - 1] if 1 <= st.policy <= len(POLICIES) else None
+            return out
 
     # ---- lifetime
     def close(self) -> None:

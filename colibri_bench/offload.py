@@ -6,6 +6,7 @@ mmap (the experts read in place from the file's mapping, the page cache deciding
                                     [--share 1 --share 0.5 --share 0.25] [--decode 32]
                                     [--prefill 128] [--rounds 2] [--threads 2]
                                     [--io-threads N] [--read-depth N] [--direct-io 1|-1]
+                                    [--policy lru|lfu]
                                     [--model FILE] [--out FILE]
 
 For each share s the cgroup's limit is s x the file's size (so at 0.25 the file is four times
@@ -29,36 +30,20 @@ Exit status: 0 done; 1 a run failed or gave other bits; 2 usage, or no cgroup he
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from colibri import _cli
-from colibri_bench import cgroup
+from colibri.storage_settings import POLICIES
+from tuner.measure import cgroup, infer_tool
 
 MARGIN = 32 << 20  # default: the library, libgomp and its threads, activations, one call's scratch
 # the knob that keeps each dtype that a build can read in place in its stored layout (the
 # 4.5-bit int4 has none: every build packs it)
 ROWS_KNOB = {"f32": "layout_f32", "bf16": "layout_bf16", "int8": "layout_int8", "int4g32": "layout_int4"}
-ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "kernels" / "tools" / "infer_model.c"
-
-
-def compile_tool(lib: Path, exe: Path) -> Path:
-    """infer_model linked against lib."""
-    cmd = [shutil.which("cc") or "gcc", "-std=c11", "-O2", f"-I{ROOT / 'kernels'}", str(SOURCE), "-o", str(exe),
-           str(lib), f"-Wl,-rpath,{lib.parent}", "-lm"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode:
-        raise RuntimeError(f"{' '.join(cmd)}\n{r.stderr}")
-    return exe
-
-
 def rows_library(dtype: str, work: Path, say) -> Path:
     """The host profile's library with `dtype` in its stored layout (read in place)."""
     from colibri._lib import build_profile
@@ -71,24 +56,9 @@ def rows_library(dtype: str, work: Path, say) -> Path:
     return Path(build_profile(name, config=cfg, build_dir=work / "build-rows", quiet=True)).resolve()
 
 
-def run_tool(exe: Path, model: Path, x: Path, T: int, out: Path, *, budget: int, mode: str, io_threads: int,
-             read_depth: int, threads: int, direct_io: int = 0,
-             cg: Path | None = None) -> tuple[int, dict | None, str]:
-    """One run of infer_model (in cgroup cg when given): exit status, its JSON, stderr's tail."""
-    cmd = [str(exe), str(model), str(x), str(T), str(out), str(budget), mode, str(io_threads), str(read_depth),
-           str(direct_io)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    if cg is None:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
-    else:
-        r = cgroup.run_in(cg, cmd, timeout=3600, env=env)
-    stats = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else None
-    return r.returncode, stats, r.stderr[-400:]
-
-
-def offload(model: Path, *, shares, decode: int, prefill: int, rounds: int, threads: int, io_threads: int,
-            read_depth: int, work: Path, mmap: bool = True, margin: int = MARGIN, direct_io: int = 0,
-            say=print) -> dict:
+def offload(model: Path, *, shares, decode: int, prefill: int, rounds: int, threads: int, reads: dict,
+            work: Path, mmap: bool = True, margin: int = MARGIN, say=print) -> dict:
+    """The runs and their summary; reads: the budget's read options (infer_tool.READ_OPTIONS)."""
     from colibri._lib import default_library_path
     from colibri.model import Model
     from colibri.modelfile import DTYPE_NAMES, expert_payload_bytes, read_header
@@ -101,14 +71,14 @@ def offload(model: Path, *, shares, decode: int, prefill: int, rounds: int, thre
     hdr = read_header(model)
     dtype, H = DTYPE_NAMES[hdr["weight_dtype"]], hdr["hidden"]
     work.mkdir(parents=True, exist_ok=True)
-    exe = {"budget": compile_tool(default_library_path().resolve(), work / "infer_model")}
+    exe = {"budget": infer_tool.compile_tool(default_library_path().resolve(), work / "infer_model")}
     if mmap and dtype in ROWS_KNOB:
         lib = rows_library(dtype, work, say)
         with Model.load(model, lib=str(lib), check_crc=False) as m:
             kinds = {m.layer_page_kind(i) for i in range(m.n_layers)}
         if kinds != {"file"}:
             raise RuntimeError(f"{lib} packs {dtype} ({sorted(kinds)} pages, not the file's): no in-place baseline")
-        exe["mmap"] = compile_tool(lib, work / "infer_model-rows")
+        exe["mmap"] = infer_tool.compile_tool(lib, work / "infer_model-rows")
     elif mmap:
         say(f"no build reads {dtype} in place (every build packs it at load): budget runs only")
     experts = expert_payload_bytes(hdr)
@@ -122,8 +92,8 @@ def offload(model: Path, *, shares, decode: int, prefill: int, rounds: int, thre
         rng.standard_normal((T, H), dtype=np.float32).tofile(xs[ph])
         want[ph] = work / f"want-{ph}.bin"
         say(f"the unlimited run's {ph} outputs, for the bits")
-        rc, _, err = run_tool(exe["budget"], model, xs[ph], T, want[ph], budget=0, mode="all" if ph == "prefill"
-                              else "decode", io_threads=0, read_depth=0, threads=threads)
+        rc, _, err = infer_tool.run(exe["budget"], model, xs[ph], T, want[ph], budget=0,
+                                    mode="all" if ph == "prefill" else "decode", threads=threads)
         if rc:
             raise RuntimeError(f"the unlimited run failed (exit {rc}): {err}")
     runs = []
@@ -139,9 +109,10 @@ def offload(model: Path, *, shares, decode: int, prefill: int, rounds: int, thre
                     out = work / f"y-{way}-{ph}.bin"
                     cgroup.drop_from_page_cache(model)
                     with cgroup.memory_cgroup(limit, tag="colibri-offload") as (version, cg):
-                        rc, st, err = run_tool(exe[way], model, xs[ph], T, out, budget=budget if way == "budget" else 0,
-                                               mode="all" if ph == "prefill" else "decode", io_threads=io_threads,
-                                               read_depth=read_depth, threads=threads, direct_io=direct_io, cg=cg)
+                        rc, st, err = infer_tool.run(exe[way], model, xs[ph], T, out,
+                                                     budget=budget if way == "budget" else 0,
+                                                     mode="all" if ph == "prefill" else "decode", threads=threads,
+                                                     reads=reads, cg=cg)
                         kills = cgroup.oom_kills(version, cg)
                     row = {"share": share, "limit": limit, "budget": budget if way == "budget" else 0, "way": way,
                            "phase": ph, "tokens": T, "round": r, "rc": rc, "oom_kills": kills, "stats": st,
@@ -153,8 +124,7 @@ def offload(model: Path, *, shares, decode: int, prefill: int, rounds: int, thre
                     runs.append(row)
                     say(_line(row))
     return {"model": str(model), "dtype": dtype, "file_bytes": size, "expert_bytes": experts, "margin": margin,
-            "threads": threads, "io_threads": io_threads, "read_depth": read_depth, "direct_io": direct_io,
-            "decode": decode,
+            "threads": threads, **reads, "decode": decode,
             "prefill": prefill, "runs": runs, "summary": summarize(runs, experts)}
 
 
@@ -270,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--read-depth", type=_cli.count, default=0, help="colibri_load_options.read_depth (0: the default)")
     p.add_argument("--direct-io", type=int, choices=[-1, 0, 1], default=0,
                    help="colibri_load_options.direct_io (1: O_DIRECT, -1: through the page cache, 0: the default)")
+    p.add_argument("--policy", choices=POLICIES, help="colibri_load_options.policy (default: the build's, lru)")
     p.add_argument("--no-mmap", action="store_true", help="budget runs only")
     p.add_argument("--margin-mib", type=_cli.positive_int, default=MARGIN >> 20,
                    help=f"the limit less the budget (default {MARGIN >> 20})")
@@ -305,9 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else reports_dir_default() / hostid.host_id() / "offload.json"
     try:
         rep = offload(model, shares=args.share or [1.0, 0.5, 0.25], decode=args.decode, prefill=args.prefill,
-                      rounds=args.rounds, threads=args.threads, io_threads=args.io_threads,
-                      read_depth=args.read_depth, work=work, mmap=not args.no_mmap, margin=args.margin_mib << 20,
-                      direct_io=args.direct_io, say=print)
+                      rounds=args.rounds, threads=args.threads,
+                      reads={"io_threads": args.io_threads, "read_depth": args.read_depth,
+                             "direct_io": args.direct_io,
+                             "policy": POLICIES.index(args.policy) + 1 if args.policy else 0},
+                      work=work, mmap=not args.no_mmap, margin=args.margin_mib << 20, say=print)
     except (ValueError, cgroup.NoCgroup) as e:
         return usage(str(e))
     print(table(rep))

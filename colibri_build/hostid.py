@@ -47,6 +47,12 @@ def tuned_dir(build_dir: str | Path) -> Path:
     return Path(build_dir) / "tuned" / host_id()
 
 
+def storage_settings_path(build_dir: str | Path) -> Path:
+    """Where `python -m tuner storage` keeps this host's read settings for budgeted models
+    (apart from tuned_dir(): re-tuning the kernels replaces that directory whole)."""
+    return Path(build_dir) / "storage" / f"{host_id()}.json"
+
+
 def tuned_library_path(build_dir: str | Path) -> Path | None:
     """This host's tuned library if one has been built, else None."""
     path = tuned_dir(build_dir) / "libcolibri.so"

@@ -250,7 +250,11 @@ typedef struct colibri_load_options {
                    * default, 8; fewer where the budget would otherwise hold no expert) */
     int direct_io;  /* with a budget: 1 reads with O_DIRECT, past the page cache (a read that
                    * fails so goes through it); -1 through the page cache; 0 the build's default */
+    int policy;     /* with a budget: the cached expert a miss replaces, COLIBRI_CACHE_LRU the least
+                   * recently used, COLIBRI_CACHE_LFU the least often used since load (ties: the
+                   * least recently used); 0 the build's default (LRU) */
 } colibri_load_options;
+enum { COLIBRI_CACHE_LRU = 1, COLIBRI_CACHE_LFU = 2 };
 colibri_model *colibri_load_model_with(const char *path, const colibri_load_options *opts);
 /* Each layer in order: h = h + moe(h). input/output [seq_len, hidden]; they may alias.
  * seq_len must be >= 1. A token with NaN/Inf in input ends as a NaN row (see forward). */
@@ -276,6 +280,7 @@ typedef struct colibri_memory_stats {
     size_t staging_bytes;   /* the buffers reads go through (inside the budget) */
     int io_threads;         /* I/O threads running (0: none yet, or the calls' threads read) */
     int direct_io;          /* 1: reads go past the page cache (O_DIRECT) */
+    int policy;             /* COLIBRI_CACHE_LRU or COLIBRI_CACHE_LFU (0: no cache) */
 } colibri_memory_stats;
 int colibri_model_stats(const colibri_model *model, colibri_memory_stats *out);
 

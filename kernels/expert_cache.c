@@ -4,8 +4,8 @@
  * kernel table wants, shared by all of the model's layers. A forward call groups its
  * tokens by expert as always, then runs its experts in turns of at most the slot count.
  * A turn (layer.c):
- *   1. acquire: each expert gets its slot (a miss: the least recently used slot the turn
- *      does not hold) and the misses' tensors are handed to the I/O threads, which pread
+ *   1. acquire: each expert gets its slot (a miss: a slot the turn does not hold, chosen
+ *      by the policy, LRU or LFU) and the misses' tensors are handed to the I/O threads, which pread
  *      them into staging buffers, as many at once as there are buffers;
  *   2. the call computes the gate and up projections of the experts already resident
  *      while the reads are in flight;
@@ -93,6 +93,8 @@ struct cb_cache {
     int32_t *slot_of;        /* [n_layers * E]: the expert's slot, or -1 */
     int32_t *owner;          /* [n_slots]: layer * E + expert, or -1 */
     uint64_t *last_use;      /* [n_slots]: the turn that last used it */
+    uint32_t *uses;          /* [n_layers * E]: turns that used the expert since load (LFU) */
+    int policy;              /* COLIBRI_CACHE_LRU or COLIBRI_CACHE_LFU */
     unsigned char *verified; /* [n_tensors]: CRC checked */
     uint64_t turn;
     colibri_layer *layers;   /* to clear an evicted expert's matrices */
@@ -175,6 +177,7 @@ void cb_cache_free(cb_cache *c) {
     free(c->slot_of);
     free(c->owner);
     free(c->last_use);
+    free(c->uses);
     free(c->verified);
     pthread_cond_destroy(&c->qcv);
     pthread_cond_destroy(&c->dcv);
@@ -184,7 +187,9 @@ void cb_cache_free(cb_cache *c) {
 }
 
 cb_cache *cb_cache_create(const cb_model_file *mf, int fd, colibri_layer *layers, size_t budget_for_experts,
-                          int check_crc, int io_threads, int read_depth, int direct_io) {
+                          const colibri_load_options *o) {
+    const int check_crc = !o->skip_crc, io_threads = o->io_threads, read_depth = o->read_depth,
+              direct_io = o->direct_io;
     const cb_mf_header *h = &mf->h;
     const int E = (int)h->n_experts, dt = (int)h->weight_dtype;
     const cbk_kernels *K = layers[0].kernels;
@@ -252,9 +257,11 @@ cb_cache *cb_cache_create(const cb_model_file *mf, int fd, colibri_layer *layers
     c->slot_of = malloc(total * sizeof *c->slot_of);
     c->owner = malloc(n * sizeof *c->owner);
     c->last_use = calloc(n, sizeof *c->last_use);
+    c->uses = calloc(total, sizeof *c->uses);
+    c->policy = o->policy ? o->policy : CB_DEFAULT_CACHE_POLICY;
     c->verified = calloc(h->n_tensors ? h->n_tensors : 1, 1);
     c->pool = c->staging && c->free_buf && c->miss && c->rd && c->batch && c->queue && c->io && c->slot_of &&
-                      c->owner && c->last_use && c->verified
+                      c->owner && c->last_use && c->uses && c->verified
                   ? colibri_pool_create(n * slot, CB_DEFAULT_HUGEPAGES, -1)
                   : NULL;
     if (c->pool) c->base = colibri_pool_alloc(c->pool, n * slot, 64);
@@ -297,6 +304,15 @@ static void start_reads(cb_cache *c) {
     if (c->n_io) pthread_mutex_unlock(&c->qlock);
 }
 
+/* Whether slot a (held) is a better victim than slot b under the cache's policy. */
+static int evicts_before(const cb_cache *c, int a, int b) {
+    if (c->policy == COLIBRI_CACHE_LFU) {
+        const uint32_t ua = c->uses[c->owner[a]], ub = c->uses[c->owner[b]];
+        if (ua != ub) return ua < ub;
+    }
+    return c->last_use[a] < c->last_use[b];
+}
+
 /* Starts the I/O threads on first use; with none started, the call's threads read. */
 static void start_io(cb_cache *c) {
     c->io_pid = getpid();
@@ -310,8 +326,9 @@ int cb_cache_acquire(cb_cache *c, colibri_layer *L, const cb_job *jobs, int j0, 
     const uint64_t turn = ++c->turn;
     int held = 0, nmiss = 0, j = j0;
     *nready = 0;
-    /* the turn's experts, and a slot for each miss: the least recently used one this turn
-     * does not hold (a free one first) */
+    /* the turn's experts, and a slot for each miss among those this turn does not hold: a
+     * free one, else the policy's victim (LRU: the least recently used; LFU: the least often
+     * used, ties to the least recent) */
     for (; j < njobs; j++) {
         const cb_expert *x = jobs[j].ex;
         if (x < L->experts || x >= L->experts + E) { /* the shared expert */
@@ -322,6 +339,7 @@ int cb_cache_acquire(cb_cache *c, colibri_layer *L, const cb_job *jobs, int j0, 
         const int e = (int)(x - L->experts);
         const size_t key = (size_t)L->index * (size_t)E + (size_t)e;
         int s = c->slot_of[key];
+        c->uses[key]++;
         if (s >= 0) {
             c->st.hits++;
             ready[(*nready)++] = j;
@@ -333,7 +351,7 @@ int cb_cache_acquire(cb_cache *c, colibri_layer *L, const cb_job *jobs, int j0, 
                     best = i;
                     break;
                 }
-                if (best < 0 || c->last_use[i] < c->last_use[best]) best = i;
+                if (best < 0 || evicts_before(c, i, best)) best = i;
             }
             s = best; /* there is one: this turn holds fewer than n_slots */
             if (c->owner[s] >= 0) {
@@ -484,4 +502,5 @@ void cb_cache_stats(const cb_cache *c, colibri_memory_stats *out) {
     out->resident_bytes = n * c->slot_bytes;
     out->io_threads = c->n_io;
     out->direct_io = c->dfd >= 0;
+    out->policy = c->policy;
 }

@@ -8,11 +8,10 @@
 
 /* A cache of the experts of layers[0 .. mf's n_layers) holding as many as fit in
  * budget_for_experts beside its staging buffers, read from fd (the file mf describes; both
- * must outlive the cache) by io_threads threads (0: the default; -1: none, the calls'
- * threads read) through read_depth staging buffers of one tensor each (0: the default),
- * with O_DIRECT where direct_io asks (1; -1: through the page cache; 0: the default).
- * NULL with the error set when not even one expert fits or memory runs out. */
+ * must outlive the cache) as o asks (colibri_load_options: skip_crc, io_threads,
+ * read_depth, direct_io, policy; checked by the caller). NULL with the error set when not
+ * even one expert fits or memory runs out. */
 cb_cache *cb_cache_create(const cb_model_file *mf, int fd, colibri_layer *layers, size_t budget_for_experts,
-                          int check_crc, int io_threads, int read_depth, int direct_io);
+                          const colibri_load_options *o);
 
 #endif

@@ -91,9 +91,9 @@ void cb_clear_error(void);
 #endif
 #define CB_DEFAULT_HUGEPAGES (COLIBRI_DEFAULT_HUGEPAGES ? COLIBRI_HUGEPAGES_AUTO : COLIBRI_HUGEPAGES_OFF)
 
-/* A budgeted model's reads (colibri_load_options' io_threads, read_depth and direct_io
- * when 0): I/O threads, staging buffers of one tensor each (reads in flight at once), and
- * whether they go past the page cache (O_DIRECT). */
+/* A budgeted model's reads (colibri_load_options' io_threads, read_depth, direct_io and
+ * policy when 0): I/O threads, staging buffers of one tensor each (reads in flight at
+ * once), whether they go past the page cache (O_DIRECT), and which expert a miss evicts. */
 #ifndef COLIBRI_IO_THREADS
 #define COLIBRI_IO_THREADS 4
 #endif
@@ -103,9 +103,13 @@ void cb_clear_error(void);
 #ifndef COLIBRI_DIRECT_IO
 #define COLIBRI_DIRECT_IO 1
 #endif
+#ifndef COLIBRI_CACHE_POLICY
+#define COLIBRI_CACHE_POLICY COLIBRI_CACHE_LRU
+#endif
 #define CB_DEFAULT_IO_THREADS COLIBRI_IO_THREADS
 #define CB_DEFAULT_DIRECT_IO COLIBRI_DIRECT_IO
 #define CB_DEFAULT_READ_DEPTH COLIBRI_READ_DEPTH
+#define CB_DEFAULT_CACHE_POLICY COLIBRI_CACHE_POLICY
 
 #define CB_INT4_GROUP 32
 

@@ -268,9 +268,10 @@ colibri_model *colibri_load_model_with(const char *path, const colibri_load_opti
         return NULL;
     }
     if (opts && (opts->io_threads < -1 || opts->io_threads > 256 || opts->read_depth < 0 || opts->read_depth > 4096 ||
-                 opts->direct_io < -1 || opts->direct_io > 1)) {
-        cb_fail(COLIBRI_ERR_INVALID, "colibri_load_model: io_threads must be in [-1, 256], read_depth in [0, 4096] "
-                "and direct_io in [-1, 1], got %d, %d and %d", opts->io_threads, opts->read_depth, opts->direct_io);
+                 opts->direct_io < -1 || opts->direct_io > 1 || opts->policy < 0 || opts->policy > COLIBRI_CACHE_LFU)) {
+        cb_fail(COLIBRI_ERR_INVALID, "colibri_load_model: io_threads must be in [-1, 256], read_depth in [0, 4096], "
+                "direct_io in [-1, 1] and policy 0, COLIBRI_CACHE_LRU (1) or COLIBRI_CACHE_LFU (2), got %d, %d, %d "
+                "and %d", opts->io_threads, opts->read_depth, opts->direct_io, opts->policy);
         return NULL;
     }
     colibri_model *m = calloc(1, sizeof *m);
@@ -330,8 +331,7 @@ colibri_model *colibri_load_model_with(const char *path, const colibri_load_opti
             colibri_free_model(m);
             return NULL;
         }
-        m->cache = cb_cache_create(mf, m->fd, m->layers, budget - m->resident_bytes, check_crc,
-                                   opts->io_threads, opts->read_depth, opts->direct_io);
+        m->cache = cb_cache_create(mf, m->fd, m->layers, budget - m->resident_bytes, opts);
         if (!m->cache) {
             colibri_free_model(m);
             return NULL;

@@ -7,6 +7,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the build's read defaults for budgeted models, not settings `python -m tuner storage` left
+# on this host (tests/engine/test_storage_settings.py sets its own)
+os.environ.setdefault("COLIBRI_STORAGE", "none")
 
 
 @pytest.fixture(scope="session")

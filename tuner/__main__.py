@@ -1,6 +1,6 @@
 """python -m tuner: probe the host, tune the kernels, emit config.h + libcolibri.so.
 
-Commands: probe, profiles, run, replay, report, ci, check, promote, merge, verify (bench and soak are in
+Commands: probe, profiles, run, replay, report, ci, check, promote, merge, verify, storage (bench and soak are in
 `python -m colibri_bench`).
 `python -m tuner COMMAND --help` for each. Exit status: 0 success; 1 the command
 failed (message on stderr); 2 usage error; 3 the results store is locked by another
@@ -16,7 +16,7 @@ from pathlib import Path
 from colibri import _cli
 from colibri_build import hostid
 from colibri_build.paths import build_dir_default, reports_dir_default
-from tuner import cli
+from tuner import cli, storage
 from tuner.fleet import check, ci, promote, verify
 from tuner.host import commands as host_commands
 from tuner.store import registry
@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     promote.add_command(sub)
     verify.add_command(sub)
     registry.add_command(sub)
+    storage.add_command(sub)
 
     # replay has its own parser (tuner/search/replay.py); listed here for --help
     sub.add_parser("replay", help="run search strategies against a recorded results store "

@@ -283,14 +283,6 @@ def race(t, cls: str, finals: list[dict], baseline: dict,
     libs = [variants.variant_dir(t.work / "variants", t.profile_name, variant_id(k)) / "libcolibri.so"
             for k in finals]
 
-    def step(res):
-        live = [i for i in res.live if i != d]
-        rows = res.common([d, *live])
-        status = decide.race_step(rows[0], dict(zip(live, rows[1:])), names)
-        if not any(s == "open" for s in status.values()):
-            return None
-        return [d] + [i for i in live if status[i] in ("open", "faster")]
-
     lo, hi = cfg.race_rounds
     t.say(f"racing {len(finals) - 1} finalist(s) against the default, {lo}-{hi} interleaved "
           f"rounds, at most {cfg.race_budget_s:.0f} s")
@@ -300,7 +292,7 @@ def race(t, cls: str, finals: list[dict], baseline: dict,
               for k in finals]
     res = interleave.interleave(libs, t.problems, threads=[threads], weights_dir=t.work / "weights",
                                 seed=cfg.seed, rounds=(lo, hi), min_seconds=cfg.race_min_seconds,
-                                warmup=1, verify=checks, step=step,
+                                warmup=1, verify=checks, step=interleave.race_rule(d, names),
                                 budget_s=cfg.race_budget_s, timeout_s=cfg.worker_timeout_s,
                                 bandwidth=True, say=t.say)
     if not res.ok:

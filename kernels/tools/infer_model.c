@@ -1,9 +1,9 @@
-/* infer_model MODEL INPUT T OUTPUT [BUDGET [decode|all [IO_THREADS [READ_DEPTH [DIRECT_IO]]]]]:
+/* infer_model MODEL INPUT T OUTPUT [BUDGET [decode|all [IO_THREADS [READ_DEPTH [DIRECT_IO [POLICY]]]]]]:
  * run a Colibri model file on T tokens with nothing but colibri.h (colibri_load_model_with,
  * colibri_infer, colibri_free_model). INPUT holds T x hidden float32 values; OUTPUT receives
  * as many. BUDGET (bytes, 0 = none) loads the model under that memory budget, read by
- * IO_THREADS threads through READ_DEPTH buffers, with O_DIRECT or not (DIRECT_IO 1 or -1)
- * (colibri_load_options; 0 = the defaults);
+ * IO_THREADS threads through READ_DEPTH buffers, with O_DIRECT or not (DIRECT_IO 1 or -1),
+ * evicting by POLICY (1 LRU, 2 LFU) (colibri_load_options; 0 = the defaults);
  * `decode` runs the tokens one call each, `all` (the default) one call for all. With a
  * BUDGET (0 too), one line of JSON on stdout: the peak resident set, the load's and the
  * calls' wall time (load_seconds, infer_seconds) and the model's memory stats.
@@ -44,9 +44,9 @@ static int fail(const char *what) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 5 || argc > 10 || (argc >= 7 && strcmp(argv[6], "decode") != 0 && strcmp(argv[6], "all") != 0)) {
+    if (argc < 5 || argc > 11 || (argc >= 7 && strcmp(argv[6], "decode") != 0 && strcmp(argv[6], "all") != 0)) {
         fprintf(stderr, "usage: infer_model MODEL INPUT T OUTPUT [BUDGET [decode|all [IO_THREADS [READ_DEPTH "
-                        "[DIRECT_IO]]]]]\n");
+                        "[DIRECT_IO [POLICY]]]]]]\n");
         return 2;
     }
     colibri_load_options opts;
@@ -64,10 +64,10 @@ int main(int argc, char **argv) {
         const long v = strtol(argv[i], &end, 10);
         if (*end || !*argv[i]) {
             fprintf(stderr, "usage: %s must be an integer, got '%s'\n",
-                    i == 7 ? "IO_THREADS" : i == 8 ? "READ_DEPTH" : "DIRECT_IO", argv[i]);
+                    i == 7 ? "IO_THREADS" : i == 8 ? "READ_DEPTH" : i == 9 ? "DIRECT_IO" : "POLICY", argv[i]);
             return 2;
         }
-        *(i == 7 ? &opts.io_threads : i == 8 ? &opts.read_depth : &opts.direct_io) = (int)v;
+        *(i == 7 ? &opts.io_threads : i == 8 ? &opts.read_depth : i == 9 ? &opts.direct_io : &opts.policy) = (int)v;
     }
     const int decode = argc >= 7 && !strcmp(argv[6], "decode");
     const int T = atoi(argv[3]);
@@ -114,12 +114,12 @@ int main(int argc, char **argv) {
                "\"misses\": %llu, "
                "\"evictions\": %llu, \"bytes_read\": %llu, \"stall_seconds\": %.6f, \"wait_seconds\": %.6f, "
                "\"resident_bytes\": %zu, \"budget_bytes\": %zu, \"cache_slots\": %d, \"staging_bytes\": %zu, "
-               "\"io_threads\": %d, \"direct_io\": %d}\n",
+               "\"io_threads\": %d, \"direct_io\": %d, \"policy\": %d}\n",
                peak_rss_bytes(), (double)(l1.tv_sec - l0.tv_sec) + 1e-9 * (double)(l1.tv_nsec - l0.tv_nsec),
                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
                (unsigned long long)st.hits, (unsigned long long)st.misses, (unsigned long long)st.evictions,
                (unsigned long long)st.bytes_read, st.stall_seconds, st.wait_seconds, st.resident_bytes,
-               st.budget_bytes, st.cache_slots, st.staging_bytes, st.io_threads, st.direct_io);
+               st.budget_bytes, st.cache_slots, st.staging_bytes, st.io_threads, st.direct_io, st.policy);
     }
     if (!(f = fopen(argv[4], "wb")) || fwrite(y, sizeof *y, n, f) != n) {
         fprintf(stderr, "infer_model: cannot write %s\n", argv[4]);

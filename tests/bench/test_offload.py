@@ -9,7 +9,8 @@ import pytest
 from moe_data import make_case
 
 from colibri.modelfile import ModelWriter
-from colibri_bench import cgroup, offload
+from colibri_bench import offload
+from tuner.measure import cgroup
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +29,8 @@ def test_budgeted_runs_under_a_limit_a_quarter_of_the_file(model, tmp_path):
         cgroup.cgroup_root()
     except cgroup.NoCgroup as e:
         pytest.skip(str(e))
-    rep = offload.offload(model, shares=[0.5, 0.25], decode=8, prefill=16, rounds=1, threads=2, io_threads=0,
-                          read_depth=0, work=tmp_path / "work", mmap=False, margin=12 << 20, say=lambda *_: None)
+    rep = offload.offload(model, shares=[0.5, 0.25], decode=8, prefill=16, rounds=1, threads=2, reads={},
+                          work=tmp_path / "work", mmap=False, margin=12 << 20, say=lambda *_: None)
     runs = rep["runs"]
     assert [(r["share"], r["phase"]) for r in runs] == [(0.5, "decode"), (0.5, "prefill"), (0.25, "decode"),
                                                          (0.25, "prefill")]
@@ -57,8 +58,8 @@ def test_budgeted_runs_under_a_limit_a_quarter_of_the_file(model, tmp_path):
 
 def test_a_limit_under_the_margin_is_refused_before_anything_runs(model, tmp_path):
     with pytest.raises(ValueError, match="leaves nothing past"):
-        offload.offload(model, shares=[1.0, 0.1], decode=1, prefill=0, rounds=1, threads=1, io_threads=0,
-                        read_depth=0, work=tmp_path, mmap=False, margin=64 << 20, say=lambda *_: None)
+        offload.offload(model, shares=[1.0, 0.1], decode=1, prefill=0, rounds=1, threads=1, reads={},
+                        work=tmp_path, mmap=False, margin=64 << 20, say=lambda *_: None)
     assert not list(tmp_path.iterdir())  # nothing built, nothing written
 
 

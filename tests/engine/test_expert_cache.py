@@ -117,10 +117,11 @@ def test_a_corrupt_expert_fails_the_call_that_reads_it_and_nothing_else(lib, tmp
         assert not np.array_equal(m(x), want)  # unchecked: the flipped byte computes
 
 
-@pytest.mark.parametrize("io_threads,read_depth,direct_io", [(-1, 0, 0), (-1, 1, -1), (1, 1, 1), (0, 0, -1),
-                                                              (3, 2, 0)])
+@pytest.mark.parametrize("io_threads,read_depth,direct_io,policy", [(-1, 0, 0, None), (-1, 1, -1, "lfu"),
+                                                                     (1, 1, 1, "lru"), (0, 0, -1, None),
+                                                                     (3, 2, 0, "lfu")])
 def test_reads_on_io_threads_or_the_calls_threads_give_the_same_bits(lib, tmp_path, io_threads, read_depth,
-                                                                      direct_io):
+                                                                      direct_io, policy):
     p = tmp_path / "m.colibri"
     save_model(p, _layers(3, S=24, seed=9), weight_dtype="int4")
     rng = np.random.default_rng(4)
@@ -135,7 +136,7 @@ def test_reads_on_io_threads_or_the_calls_threads_give_the_same_bits(lib, tmp_pa
     depth = read_depth or 8
     budget = resident + depth * stage + 4 * per  # four slots: most of a 64-token call misses
     with Model.load(p, lib=lib, memory_budget=budget, io_threads=io_threads, read_depth=read_depth,
-                    direct_io=direct_io) as m:
+                    direct_io=direct_io, policy=policy) as m:
         for x, w in zip(xs, want):
             np.testing.assert_array_equal(m(x), w)
         st = m.stats()
@@ -143,6 +144,7 @@ def test_reads_on_io_threads_or_the_calls_threads_give_the_same_bits(lib, tmp_pa
     assert st["direct_io"] in ((0,) if direct_io < 0 else (0, 1))
     assert st["cache_slots"] == 4 and st["staging_bytes"] == depth * stage
     assert st["io_threads"] == (0 if io_threads < 0 else io_threads or 4)
+    assert st["policy"] == (policy or "lru")
     assert st["misses"] > 4 and st["evictions"] > 0
     assert 0 <= st["wait_seconds"] <= st["stall_seconds"]
     if io_threads < 0:
@@ -156,12 +158,44 @@ def test_read_options_out_of_range_are_refused(lib, tmp_path):
     save_model(p, _layers(1), weight_dtype="int8")
     for kw, err in (({"io_threads": -2}, ValueError), ({"io_threads": 1.0}, TypeError),
                     ({"read_depth": -1}, ValueError), ({"read_depth": 5000}, ValueError),
-                    ({"direct_io": 2}, ValueError)):
+                    ({"direct_io": 2}, ValueError), ({"policy": "mru"}, ValueError), ({"policy": 2}, ValueError)):
         with pytest.raises(err, match=next(iter(kw))):
             Model.load(p, lib=lib, memory_budget=1 << 30, **kw)
     opts = ffi.new("colibri_load_options *", {"memory_budget": 1 << 30, "io_threads": -2})
     assert lib.colibri_load_model_with(str(p).encode(), opts) == ffi.NULL
     assert "io_threads" in last_error(lib)
+    opts = ffi.new("colibri_load_options *", {"memory_budget": 1 << 30, "policy": 3})
+    assert lib.colibri_load_model_with(str(p).encode(), opts) == ffi.NULL
+    assert "policy" in last_error(lib)
+
+
+@pytest.mark.parametrize("policy,misses", [("lru", 5), ("lfu", 4)])
+def test_the_policy_picks_which_expert_a_miss_evicts(lib, tmp_path, policy, misses):
+    # a router that picks the two experts a token points at, and three cache slots
+    rng = np.random.default_rng(2)
+    w = lambda *s: rng.standard_normal(s, dtype=np.float32) * np.float32(0.1)  # noqa: E731
+    layer = dict(router=np.eye(E, H, dtype=np.float32), gate=w(E, I, H), up=w(E, I, H), down=w(E, H, I), top_k=2)
+    p = tmp_path / "m.colibri"
+    save_model(p, [layer], weight_dtype="int8")
+    A, B, C, D = 0, 1, 2, 3
+
+    def token(a, b):
+        x = np.zeros((1, H), np.float32)
+        x[0, a] = x[0, b] = 10.0
+        return x
+
+    with Model.load(p, lib=lib, memory_budget=1 << 40, read_depth=1) as probe:
+        resident, stage = probe.stats()["resident_bytes"], probe.stats()["staging_bytes"]
+        probe(token(A, B))
+        per = (probe.stats()["resident_bytes"] - resident) // 2
+    with Model.load(p, lib=lib, memory_budget=resident + stage + 3 * per, read_depth=1, policy=policy) as m:
+        assert m.stats()["cache_slots"] == 3
+        for a, b in [(A, B)] * 3 + [(C, A), (D, A)]:
+            m(token(a, b))
+        # B: used 3 times, last at turn 3; C: once, at turn 4. D's miss evicts B under LRU
+        # and C under LFU, so B misses once more under LRU only
+        m(token(B, A))
+        assert m.stats()["misses"] == misses
 
 
 def test_a_truncated_file_is_refused_at_load_with_a_budget_too(lib, tmp_path):

@@ -17,7 +17,7 @@ from moe_data import make_case
 
 from colibri._lib import default_library_path
 from colibri.modelfile import ModelWriter
-from colibri_bench import cgroup
+from tuner.measure import cgroup
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "kernels" / "tools" / "infer_model.c"

@@ -1,10 +1,11 @@
 """Interleaved timing of several libraries: the one routine behind every A/B comparison of
-the tuner (a class's race, the acceptance gate, `tuner check`).
+the tuner (a class's race, the acceptance gate, `tuner check`, the storage class's race).
 
 A *round* times every live library once on every problem and thread count, in rotating
 order, inside one worker child that keeps their layers loaded (worker.Session); the
 statistics of rounds live in tuner/decide.py. `interleave()` runs rounds until a stop rule
-says so:
+says so (run_rounds, which any session with a round() runs: tuner/storage.py's times
+runtime settings instead of libraries; race_rule is the races' stop rule):
 
     res = interleave(libs, problems, threads=[2], weights_dir=..., rounds=(3, 8),
                      step=my_rule)        # step(res) -> the libraries to keep timing
@@ -93,42 +94,67 @@ def interleave(libs: Sequence[str | Path], problems, *, threads: Sequence[int], 
                       cells=[(p.name, th) for p in problems for th in threads])
     res.seconds = {c: [[] for _ in libs] for c in res.cells}
     res.live = list(range(len(libs)))
-    lo, hi = rounds
     try:
         with worker.Session(libs, problems, threads=threads, weights_dir=weights_dir, seed=seed,
                             min_seconds=min_seconds, warmup=warmup, verify=verify,
                             timeout_s=timeout_s, bandwidth=bandwidth) as s:
             res.verified = list(s.verified)
             res.live = [i for i in res.live if not _failed(res.verified[i])]
-            t_ready = time.monotonic()  # the budget is for rounds, not for loading and checking
-            res.ready_s = t_ready - t0
-            for r in range(hi):
-                if len(res.live) < 2 and len(libs) > 1:
-                    break
-                got = s.round(res.live)
-                for c, row in got.items():
-                    for i, v in enumerate(row):
-                        if v is not None:
-                            res.seconds[c][i].append(v)
-                res.rounds = r + 1
-                res.bandwidth = {th: list(v) for th, v in s.bandwidth.items()}
-                if budget_s is not None and time.monotonic() - t_ready > budget_s and res.rounds >= 2:
-                    break
-                if step is not None and res.rounds >= lo:
-                    chosen = step(res)
-                    if chosen is None:
-                        break
-                    keep = [i for i in chosen if i in res.live]
-                    for i in res.live:
-                        if i not in keep:
-                            res.dropped[i] = res.rounds
-                    res.live = keep
-                    if len(keep) < 2:
-                        break
+            res.ready_s = time.monotonic() - t0  # the budget is for rounds, not for loading and checking
+            run_rounds(s, res, rounds=rounds, step=step, budget_s=budget_s)
     except worker.SessionError as exc:
         res.status, res.reason = exc.status, exc.reason
     res.wall_s = time.monotonic() - t0
     return res
+
+
+def run_rounds(session, res: Interleaved, *, rounds: tuple[int, int], step=None,
+               budget_s: float | None = None) -> Interleaved:
+    """Rounds of session.round(live) -> {cell: [seconds or None per library]} into res until
+    the stop rules of interleave() end them. session.bandwidth (optional): {threads: [read
+    GB/s per round]}."""
+    t_ready = time.monotonic()
+    lo, hi = rounds
+    for r in range(hi):
+        if len(res.live) < 2 and len(res.libs) > 1:
+            break
+        got = session.round(res.live)
+        for c, row in got.items():
+            for i, v in enumerate(row):
+                if v is not None:
+                    res.seconds[c][i].append(v)
+        res.rounds = r + 1
+        res.bandwidth = {th: list(v) for th, v in getattr(session, "bandwidth", {}).items()}
+        if budget_s is not None and time.monotonic() - t_ready > budget_s and res.rounds >= 2:
+            break
+        if step is not None and res.rounds >= lo:
+            chosen = step(res)
+            if chosen is None:
+                break
+            keep = [i for i in chosen if i in res.live]
+            for i in res.live:
+                if i not in keep:
+                    res.dropped[i] = res.rounds
+            res.live = keep
+            if len(keep) < 2:
+                break
+    return res
+
+
+def race_rule(default: int, names: Sequence[str]) -> Callable[[Interleaved], list[int] | None]:
+    """The stop rule of a race of candidates against library `default` on the cells named
+    `names` (decide.race_step): None once no verdict is open, else the default and the
+    candidates still worth timing."""
+    from tuner import decide
+
+    def step(res: Interleaved):
+        live = [i for i in res.live if i != default]
+        rows = res.common([default, *live])
+        status = decide.race_step(rows[0], dict(zip(live, rows[1:])), names)
+        if not any(s == "open" for s in status.values()):
+            return None
+        return [default] + [i for i in live if status[i] in ("open", "faster")]
+    return step
 
 
 def _failed(v) -> bool:

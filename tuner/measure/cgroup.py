@@ -1,5 +1,5 @@
-"""Memory cgroups for runs under a memory limit (colibri_bench offload, the memory-limit
-tests): a fresh group with a limit and no swap, a child process started inside it, its
+"""Memory cgroups for runs under a memory limit (the storage class, colibri_bench offload,
+the memory-limit tests): a fresh group with a limit and no swap, a child process started inside it, its
 OOM kills, and a file's pages dropped from the page cache so that a run reads them."""
 from __future__ import annotations
 
