@@ -36,6 +36,8 @@ CASES = [
     ("tuner", ["merge", "a.sqlite"], "required"),
     ("tuner", ["replay", "unused.sqlite", "--budget-fraction", "2"], "(0, 1]"),
     ("tuner", ["bench"], "colibri_bench bench"),
+    ("tuner", ["storage", "--share", "1.5"], "in (0, 1]"),
+    ("tuner", ["storage", "--rounds", "4,2"], "LO <= HI"),
     ("colibri_bench", ["no-such-command"], "invalid choice"),
     ("colibri_bench", ["bench", "--threads", "0"], ">= 1"),
     ("colibri_bench", ["bench", "--phase", "sideways"], "known: "),

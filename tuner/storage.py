@@ -35,8 +35,10 @@ from typing import Callable, Sequence
 
 import yaml
 
+from colibri import _cli
 from tuner import decide
 from tuner.measure import interleave
+from tuner.measure.budget_runs import RunFailed
 from tuner.measure.worker import round_order
 
 KNOBS_FILE = Path(__file__).with_name("storage.knobs.yaml")
@@ -81,10 +83,6 @@ def options(point: dict) -> dict:
     from colibri.storage_settings import POLICIES
 
     return {k: POLICIES.index(v) + 1 if k == "policy" else int(v) for k, v in point.items()}
-
-
-class RunFailed(RuntimeError):
-    """A candidate's run failed, was killed or gave other bits; the message says which."""
 
 
 # measure(point, cell) -> seconds per token; raises RunFailed
@@ -225,22 +223,22 @@ def add_command(sub) -> None:
     p.add_argument("--shape", default="qwen3-30b-a3b", help="shape of the generated model (default qwen3-30b-a3b)")
     p.add_argument("--dtype", default="int4", choices=["f32", "bf16", "int8", "int4", "int4g32"],
                    help="weight dtype of the generated model (default int4)")
-    p.add_argument("--layers", type=_positive_int(), default=4, help="layers of the generated model (default 4)")
+    p.add_argument("--layers", type=_cli.positive_int, default=4, help="layers of the generated model (default 4)")
     p.add_argument("--trace", metavar="FILE", help="the hidden states entering the first layer, [tokens, hidden] "
                    "float32 (.npy, or raw float32): the routing trace (default: seeded normal tokens)")
-    p.add_argument("--share", type=float, default=0.25, help="the cgroup's limit as a share of the file (default "
+    p.add_argument("--share", type=_cli.fraction, default=0.25, help="the cgroup's limit as a share of the file (default "
                    "0.25); the budget is the limit less --margin-mib")
-    p.add_argument("--decode", type=int, default=32, help="trace rows run one call each (default 32)")
-    p.add_argument("--prefill", type=int, default=128, help="trace rows after those, run in one call "
+    p.add_argument("--decode", type=_cli.count, default=32, help="trace rows run one call each (default 32)")
+    p.add_argument("--prefill", type=_cli.count, default=128, help="trace rows after those, run in one call "
                    "(default 128; 0: no prefill cell)")
     p.add_argument("--quick", action="store_true", help="each knob's quick values only")
-    p.add_argument("--finalists", type=_positive_int(), default=3, help="screened points raced (default 3)")
+    p.add_argument("--finalists", type=_cli.positive_int, default=3, help="screened points raced (default 3)")
     p.add_argument("--rounds", default="3,8", metavar="LO,HI", help="race rounds before the first decision, and "
                    "the most (default 3,8)")
-    p.add_argument("--budget-s", type=float, default=900.0, help="the race stops after this many seconds "
+    p.add_argument("--budget-s", type=_cli.positive_float, default=900.0, help="the race stops after this many seconds "
                    "(default 900)")
-    p.add_argument("--threads", type=_positive_int(), default=None, help="compute threads (default: all CPUs)")
-    p.add_argument("--margin-mib", type=_positive_int(), default=MARGIN >> 20,
+    p.add_argument("--threads", type=_cli.positive_int, default=None, help="compute threads (default: all CPUs)")
+    p.add_argument("--margin-mib", type=_cli.positive_int, default=MARGIN >> 20,
                    help=f"the limit less the budget (default {MARGIN >> 20})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", metavar="FILE", help="the record (default reports/<host-id>/storage.json)")
@@ -248,12 +246,6 @@ def add_command(sub) -> None:
                    "which Model.load reads)")
     p.add_argument("--no-settings", action="store_true", help="measure and report, but write no settings")
     p.set_defaults(func=cmd)
-
-
-def _positive_int():
-    from colibri import _cli
-
-    return _cli.positive_int
 
 
 def load_trace(path: Path, hidden: int) -> np.ndarray:
@@ -283,7 +275,6 @@ def cmd(args) -> int:
 
     import numpy as np
 
-    from colibri import _cli
     from colibri._lib import default_library_path
     from colibri.modelfile import DTYPE_NAMES, expert_payload_bytes, read_header
     from colibri_build import hostid, render
@@ -300,8 +291,8 @@ def cmd(args) -> int:
             raise ValueError
     except ValueError:
         return usage(f"--rounds {args.rounds!r}: want LO,HI with 1 <= LO <= HI")
-    if not 0 < args.share <= 1 or args.decode < 0 or args.prefill < 0 or not args.decode + args.prefill:
-        return usage("--share must be in (0, 1], and --decode/--prefill counts >= 0, not both 0")
+    if not args.decode + args.prefill:
+        return usage("--decode 0 and --prefill 0 leave nothing to run")
     try:
         cgroup.cgroup_root()
     except cgroup.NoCgroup as e:

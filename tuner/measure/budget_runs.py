@@ -7,13 +7,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from tuner.measure import cgroup, infer_tool
 
-# a cell: (infer_model's mode, the trace's rows it runs)
+# infer_model's mode for each cell
 MODES = {"decode": "decode", "prefill": "all"}
+
+
+class RunFailed(RuntimeError):
+    """A candidate's run failed, was killed or gave other bits; the message says which."""
 
 
 @dataclass
@@ -26,7 +31,7 @@ class BudgetRuns:
     budget: int               # the model's memory budget
     threads: int
     work: Path
-    options: callable = None  # point -> colibri_load_options values (default: the point)
+    options: Callable[[dict], dict] | None = None  # point -> colibri_load_options values (default: the point)
     log: list = field(default_factory=list)  # every run: point, cell, seconds, stats
 
     def __post_init__(self):
@@ -43,9 +48,7 @@ class BudgetRuns:
 
     def __call__(self, point: dict, cell: str) -> float:
         """One cold run of `cell` with `point`'s read options: seconds per token. Raises
-        storage.RunFailed when it fails, is killed or gives other bits."""
-        from tuner.storage import RunFailed
-
+        RunFailed when it fails, is killed or gives other bits."""
         n = self.cells[cell][1]
         out = self.work / f"y-{cell}.bin"
         out.unlink(missing_ok=True)
