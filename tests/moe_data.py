@@ -94,3 +94,16 @@ def assert_close(out, ref, rtol=1e-4):
     assert np.all(err <= rtol * scale), (
         f"max relative error {float((err / scale)[worst]):.3g} at {worst} exceeds {rtol:g}: "
         f"got {out[worst]!r}, want {ref[worst]!r}")
+
+
+def write_repeated_model(path, *, H=512, I=256, E=32, k=4, layers=6, seed=7, weight_dtype="int8"):
+    """A model file of one random layer stored `layers` times (each copy its own bytes, as a
+    model's layers are): a file of a chosen size for runs under a memory limit; its path."""
+    from colibri.modelfile import ModelWriter
+
+    case = make_case(H=H, I=I, E=E, k=k, seed=seed)
+    with ModelWriter(path, weight_dtype=weight_dtype, share=False) as w:
+        w.add_layer(dict(router=case.router, gate=case.gate, up=case.up, down=case.down, **case.layer_kwargs()))
+        for _ in range(layers - 1):
+            w.repeat_layer(0)
+    return path

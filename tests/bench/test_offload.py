@@ -6,22 +6,15 @@ import json
 
 import pytest
 
-from moe_data import make_case
+from moe_data import write_repeated_model
 
-from colibri.modelfile import ModelWriter
 from colibri_bench import offload
 from tuner.measure import cgroup
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    case = make_case(H=512, I=256, E=32, k=4, seed=7)
-    path = tmp_path_factory.mktemp("offload") / "m.colibri"
-    with ModelWriter(path, weight_dtype="int8", share=False) as w:
-        w.add_layer(dict(router=case.router, gate=case.gate, up=case.up, down=case.down, **case.layer_kwargs()))
-        for _ in range(5):
-            w.repeat_layer(0)
-    return path  # 6 layers, 75 MB
+    return write_repeated_model(tmp_path_factory.mktemp("offload") / "m.colibri")  # 6 layers, 75 MB
 
 
 def test_budgeted_runs_under_a_limit_a_quarter_of_the_file(model, tmp_path):

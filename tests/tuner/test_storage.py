@@ -8,10 +8,9 @@ import re
 
 import numpy as np
 import pytest
-from moe_data import make_case
+from moe_data import write_repeated_model
 
 from colibri import storage_settings
-from colibri.modelfile import ModelWriter
 from colibri_build.paths import KERNELS_DIR
 from tuner import storage
 from tuner.measure import cgroup
@@ -84,13 +83,8 @@ def test_a_failing_point_is_never_adopted_and_a_failing_default_is_an_error():
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    case = make_case(H=512, I=256, E=32, k=4, seed=3)
-    path = tmp_path_factory.mktemp("storage") / "m.colibri"
-    with ModelWriter(path, weight_dtype="int8", share=False) as w:
-        w.add_layer(dict(router=case.router, gate=case.gate, up=case.up, down=case.down, **case.layer_kwargs()))
-        for _ in range(5):
-            w.repeat_layer(0)
-    return path  # 6 layers, 75 MB: at half of it, the process fits beside a budget of half the experts
+    # 6 layers, 75 MB: at half of it, the process fits beside a budget of half the experts
+    return write_repeated_model(tmp_path_factory.mktemp("storage") / "m.colibri", seed=3)
 
 
 def test_the_command_tunes_a_small_model_under_a_cgroup(model, tmp_path, monkeypatch, capsys):
