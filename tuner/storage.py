@@ -128,8 +128,8 @@ class RaceSession:
     """Rounds of runs for interleave.run_rounds: every live point once on every cell, in
     rotating order; a point whose run fails is out (its reason in `failed`)."""
 
-    def __init__(self, points: list[dict], cells: Sequence[str], measure: Measure):
-        self.points, self.cells, self.measure = points, list(cells), measure
+    def __init__(self, points: list[dict], cells: Sequence[str], measure: Measure, say=print):
+        self.points, self.cells, self.measure, self.say = points, list(cells), measure, say
         self.failed: dict[int, str] = {}
         self.rounds_done = 0
 
@@ -142,6 +142,9 @@ class RaceSession:
                 except RunFailed as e:
                     self.failed[i] = str(e)
         self.rounds_done += 1
+        self.say(f"  race round {self.rounds_done}: {len(live)} point(s), ms/token "
+                 + "; ".join(f"{c} " + " ".join("-" if v is None else f"{v * 1e3:.2f}" for v in out[(c, 0)])
+                             for c in self.cells))
         return out
 
 
@@ -153,7 +156,7 @@ def race(points: list[dict], cells: Sequence[str], measure: Measure, *, rounds=(
     res = interleave.Interleaved(libs=[label(p) for p in points], cells=[(c, 0) for c in cells])
     res.seconds = {c: [[] for _ in points] for c in res.cells}
     res.live = list(range(len(points)))
-    session = RaceSession(points, cells, measure)
+    session = RaceSession(points, cells, measure, say)
     rule = interleave.race_rule(0, list(cells))
 
     def step(r):

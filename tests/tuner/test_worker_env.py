@@ -30,3 +30,15 @@ def test_both_worker_starts_give_blas_one_thread_and_leave_openmp(monkeypatch):
     for env in envs:
         assert env["OPENBLAS_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
         assert env["OMP_NUM_THREADS"] == "2" and env["PYTHONHASHSEED"] == "0"
+
+
+def test_a_sigkill_is_reported_as_the_oom_killer_not_the_address_space_cap():
+    import signal
+
+    from tuner.measure import worker
+
+    status, why = worker._exit_reason(-signal.SIGKILL, "", 4 << 30)
+    assert status == worker.STATUS_CRASH
+    assert "SIGKILL" in why and "OOM killer" in why and "4096 MiB" in why
+    status, why = worker._exit_reason(-signal.SIGSEGV, "", 4 << 30)
+    assert "SIGSEGV" in why and "OOM" not in why

@@ -119,8 +119,12 @@ def _exit_reason(returncode: int, err: str, mem_bytes: int | None) -> tuple[str,
     if returncode < 0:
         sig = -returncode
         why = f"killed by signal {sig} ({signal.Signals(sig).name})"
-        if sig in (signal.SIGKILL,) and mem_bytes:
-            why += f"; memory cap {mem_bytes >> 20} MiB"
+        if sig == signal.SIGKILL:
+            # the address-space cap makes an allocation fail (MemoryError, an engine error), it
+            # sends no signal: a SIGKILL comes from outside, most often the kernel's OOM killer
+            why += ("; most likely the kernel's OOM killer (the machine or its cgroup ran out of memory"
+                    + (f"; the worker's own address-space cap, {mem_bytes >> 20} MiB, fails allocations "
+                       "instead" if mem_bytes else "") + ")")
         return STATUS_CRASH, why
     if returncode != 0:
         tail = err.strip().splitlines()[-3:]
