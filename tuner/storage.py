@@ -243,7 +243,7 @@ def add_command(sub) -> None:
     p.add_argument("--threads", type=_cli.positive_int, default=None, help="compute threads (default: all CPUs)")
     p.add_argument("--margin-mib", type=_cli.positive_int, default=MARGIN >> 20,
                    help=f"the limit less the budget (default {MARGIN >> 20})")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated trace (default 0)")
     p.add_argument("--out", metavar="FILE", help="the record (default reports/<host-id>/storage.json)")
     p.add_argument("--settings", metavar="FILE", help="where the winner goes (default build/storage/<host-id>.json, "
                    "which Model.load reads)")
