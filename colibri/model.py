@@ -66,8 +66,8 @@ class Model:
         computing), through read_depth staging buffers of one tensor each, paid from the
         budget (0: the build's default), past the page cache (O_DIRECT) where direct_io is 1
         (-1: through it; 0: the build's default); a miss replaces the cached expert that
-        policy names, "lru" (the least recently used) or "lfu" (the least often used since
-        load; None: the build's default, LRU). Where `python -m tuner storage` tuned these
+        policy names, "lru" (the least recently used) or "lfu" (the least often used,
+        the counts halving about every 1024 calls per layer; None: the build's default, LRU). Where `python -m tuner storage` tuned these
         for this host (colibri.storage_settings), its values replace the build's defaults.
 
         Raises FileNotFoundError, ModelFormatError, ColibriError (a budget too small for

@@ -15,7 +15,8 @@ and top-k, with distinct random layers and narrow experts (only the routing matt
 The simulation: a cache of `share` x (layers x experts) slots shared by all layers, each
 layer's experts held together while it runs (as kernels/expert_cache.c does), under
   lru  the least recently used (the engine's default policy);
-  lfu  the least often used so far, ties to the least recent (the engine's policy="lfu");
+  lfu  the least often used so far, ties to the least recent (the engine's policy="lfu",
+       whose counts also halve every 1024 turns per layer: longer than these traces);
   min  Belady's: the one needed again furthest ahead. It knows the future, so no policy
        can hit more: it bounds what any other policy could gain.
 It prints the hit rate of each, and the predictor's precision (its share of the next

@@ -251,8 +251,9 @@ typedef struct colibri_load_options {
     int direct_io;  /* with a budget: 1 reads with O_DIRECT, past the page cache (a read that
                    * fails so goes through it); -1 through the page cache; 0 the build's default */
     int policy;     /* with a budget: the cached expert a miss replaces, COLIBRI_CACHE_LRU the least
-                   * recently used, COLIBRI_CACHE_LFU the least often used since load (ties: the
-                   * least recently used); 0 the build's default (LRU) */
+                   * recently used, COLIBRI_CACHE_LFU the least often used (ties: the least
+                   * recently used; the counts halve about every 1024 calls per layer, so old
+                   * favourites fade); 0 the build's default (LRU) */
 } colibri_load_options;
 enum { COLIBRI_CACHE_LRU = 1, COLIBRI_CACHE_LFU = 2 };
 colibri_model *colibri_load_model_with(const char *path, const colibri_load_options *opts);

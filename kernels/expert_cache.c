@@ -93,7 +93,8 @@ struct cb_cache {
     int32_t *slot_of;        /* [n_layers * E]: the expert's slot, or -1 */
     int32_t *owner;          /* [n_slots]: layer * E + expert, or -1 */
     uint64_t *last_use;      /* [n_slots]: the turn that last used it */
-    uint32_t *uses;          /* [n_layers * E]: turns that used the expert since load (LFU) */
+    uint32_t *uses;          /* [n_layers * E]: turns that used the expert (LFU), halved every
+                              * COLIBRI_LFU_HALF_LIFE turns per layer */
     int policy;              /* COLIBRI_CACHE_LRU or COLIBRI_CACHE_LFU */
     unsigned char *verified; /* [n_tensors]: CRC checked */
     uint64_t turn;
@@ -326,6 +327,8 @@ int cb_cache_acquire(cb_cache *c, colibri_layer *L, const cb_job *jobs, int j0, 
     const uint64_t turn = ++c->turn;
     int held = 0, nmiss = 0, j = j0;
     *nready = 0;
+    if (c->policy == COLIBRI_CACHE_LFU && turn % ((uint64_t)COLIBRI_LFU_HALF_LIFE * (uint64_t)c->n_layers) == 0)
+        for (size_t i = 0; i < (size_t)c->n_layers * (size_t)E; i++) c->uses[i] >>= 1;
     /* the turn's experts, and a slot for each miss among those this turn does not hold: a
      * free one, else the policy's victim (LRU: the least recently used; LFU: the least often
      * used, ties to the least recent) */

@@ -110,6 +110,11 @@ void cb_clear_error(void);
 #define CB_DEFAULT_DIRECT_IO COLIBRI_DIRECT_IO
 #define CB_DEFAULT_READ_DEPTH COLIBRI_READ_DEPTH
 #define CB_DEFAULT_CACHE_POLICY COLIBRI_CACHE_POLICY
+/* LFU's use counts halve every this many turns per layer (about as many decode tokens), so
+ * that experts hot long ago do not hold their slots for ever in a long-running model */
+#ifndef COLIBRI_LFU_HALF_LIFE
+#define COLIBRI_LFU_HALF_LIFE 1024
+#endif
 
 #define CB_INT4_GROUP 32
 

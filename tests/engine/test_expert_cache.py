@@ -169,33 +169,57 @@ def test_read_options_out_of_range_are_refused(lib, tmp_path):
     assert "policy" in last_error(lib)
 
 
-@pytest.mark.parametrize("policy,misses", [("lru", 5), ("lfu", 4)])
-def test_the_policy_picks_which_expert_a_miss_evicts(lib, tmp_path, policy, misses):
-    # a router that picks the two experts a token points at, and three cache slots
+def _pointed(lib, tmp_path, slots, policy):
+    """A one-layer model whose router picks the two experts a token points at (token(a, b)),
+    loaded with `slots` cache slots under `policy`."""
     rng = np.random.default_rng(2)
     w = lambda *s: rng.standard_normal(s, dtype=np.float32) * np.float32(0.1)  # noqa: E731
     layer = dict(router=np.eye(E, H, dtype=np.float32), gate=w(E, I, H), up=w(E, I, H), down=w(E, H, I), top_k=2)
     p = tmp_path / "m.colibri"
     save_model(p, [layer], weight_dtype="int8")
-    A, B, C, D = 0, 1, 2, 3
-
-    def token(a, b):
-        x = np.zeros((1, H), np.float32)
-        x[0, a] = x[0, b] = 10.0
-        return x
-
     with Model.load(p, lib=lib, memory_budget=1 << 40, read_depth=1) as probe:
         resident, stage = probe.stats()["resident_bytes"], probe.stats()["staging_bytes"]
-        probe(token(A, B))
+        probe(_token(0, 1))
         per = (probe.stats()["resident_bytes"] - resident) // 2
-    with Model.load(p, lib=lib, memory_budget=resident + stage + 3 * per, read_depth=1, policy=policy) as m:
-        assert m.stats()["cache_slots"] == 3
+    m = Model.load(p, lib=lib, memory_budget=resident + stage + slots * per, read_depth=1, policy=policy)
+    assert m.stats()["cache_slots"] == slots
+    return m
+
+
+def _token(a, b):
+    x = np.zeros((1, H), np.float32)
+    x[0, a] = x[0, b] = 10.0
+    return x
+
+
+@pytest.mark.parametrize("policy,misses", [("lru", 5), ("lfu", 4)])
+def test_the_policy_picks_which_expert_a_miss_evicts(lib, tmp_path, policy, misses):
+    A, B, C, D = 0, 1, 2, 3
+    with _pointed(lib, tmp_path, 3, policy) as m:
         for a, b in [(A, B)] * 3 + [(C, A), (D, A)]:
-            m(token(a, b))
+            m(_token(a, b))
         # B: used 3 times, last at turn 3; C: once, at turn 4. D's miss evicts B under LRU
         # and C under LFU, so B misses once more under LRU only
-        m(token(B, A))
+        m(_token(B, A))
         assert m.stats()["misses"] == misses
+
+
+def test_lfu_counts_fade_so_old_favourites_give_way(lib, tmp_path):
+    # 4 slots; experts 0 and 1 hot for 1000 calls, then the pairs (2, 3) and (4, 5) take
+    # turns, each pair every other call. Without fading, the new experts' counts would pass
+    # the old favourites' 1000 only after 2000 calls, every one missing twice until then; the
+    # counts halve every 1024 calls (COLIBRI_LFU_HALF_LIFE), so by call 1300 they have, and
+    # the four new experts stay
+    with _pointed(lib, tmp_path, 4, "lfu") as m:
+        for _ in range(1000):
+            m(_token(0, 1))
+        pairs = [_token(2, 3), _token(4, 5)]
+        for i in range(1300):
+            m(pairs[i % 2])
+        before = m.stats()["misses"]
+        for i in range(200):
+            m(pairs[i % 2])
+        assert m.stats()["misses"] == before
 
 
 def test_a_truncated_file_is_refused_at_load_with_a_budget_too(lib, tmp_path):
