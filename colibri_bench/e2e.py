@@ -170,14 +170,25 @@ def read_bw(threads: int) -> float | None:
     return read_bandwidth(open_library(), threads, working_set_bytes(_llc_total_here())[0], min_seconds=0.15)
 
 
-def part_bandwidth(nbytes: dict, ms_per_token: dict, bw: float | None) -> dict:
-    """{part: {bytes, gbps, pct_bw}} of a decode step: each part's weight bytes over its time."""
+def part_bandwidth(nbytes: dict, ms_per_token: dict, bw: float | None, rounds: list[dict] | None = None,
+                   bws: list | None = None) -> dict:
+    """{part: {bytes, gbps, pct_bw, pct_bw_paired}} of a decode step: each part's weight bytes
+    over its time; pct_bw against the median read bandwidth of the run, pct_bw_paired the
+    median over rounds of each round's GB/s against the better of the two bandwidth readings
+    around that round (bws[r], bws[r + 1]): a window that changes between rounds then moves
+    both sides of the ratio."""
     out = {}
     for part in PARTS:
-        ms = ms_per_token[f"{part}_decode_ms_per_token"]
+        key = f"{part}_decode_ms_per_token"
+        ms = ms_per_token[key]
         gbps = nbytes[part] / (ms * 1e-3) / 1e9 if ms > 0 and nbytes[part] else None
+        paired = None
+        if rounds and bws and nbytes[part] and len(bws) > len(rounds):
+            pcts = [100.0 * nbytes[part] / (row[key] * 1e-3) / 1e9 / max(bws[r], bws[r + 1])
+                    for r, row in enumerate(rounds) if row[key] > 0 and bws[r] and bws[r + 1]]
+            paired = statistics.median(pcts) if pcts else None
         out[part] = {"bytes": nbytes[part], "gbps": gbps,
-                     "pct_bw": 100.0 * gbps / bw if gbps is not None and bw else None}
+                     "pct_bw": 100.0 * gbps / bw if gbps is not None and bw else None, "pct_bw_paired": paired}
     return out
 
 
@@ -362,8 +373,8 @@ def _run_variant(args, variant, base, base_clock, base_bytes, sizes, want, peer,
     out = {"modules": n, "patch_s": patch_s, "handoff": args.handoff, "handoffs": handoffs, "logits_rel_err": err, "rss_before_patch": rss0,
            "rss_after_patch": rss1, **summary,
            "read_bw_gbps": bw, "read_bw_rounds": bws,
-           "decode_bandwidth": {"unpatched": part_bandwidth(base_bytes, summary["unpatched"], bw),
-                                "patched": part_bandwidth(nb, summary["patched"], bw)},
+           "decode_bandwidth": {"unpatched": part_bandwidth(base_bytes, summary["unpatched"], bw, rows_a, bws),
+                                "patched": part_bandwidth(nb, summary["patched"], bw, rows_b, bws)},
            "rounds": {"unpatched": rows_a, "patched": rows_b}}
     if peer:
         rows_c = rows[2]
@@ -402,7 +413,8 @@ def print_table(out: dict, stream=sys.stdout) -> None:
         print(f"{wdt:9} " + " ".join(f"{c:>23}" for c in cells) + f" {rest[0]:7.1f} -> {rest[1]:6.1f}",
               file=stream)
     print("decode GB/s by part and % of the read bandwidth measured between rounds (unpatched -> "
-          "patched; weight bytes a token reads over the part's time)", file=stream)
+          "patched; weight bytes a token reads over the part's time; in brackets, the median of each "
+          "round's % against the better reading around that round)", file=stream)
     print(f"{'patched':9} {'read bw':>8} " + " ".join(f"{PART_NAMES[p]:>27}" for p in PARTS), file=stream)
     for wdt, r in out["results"].items():
         bw = r.get("read_bw_gbps")
@@ -410,7 +422,8 @@ def print_table(out: dict, stream=sys.stdout) -> None:
         for p in PARTS:
             a, b = r["decode_bandwidth"]["unpatched"][p], r["decode_bandwidth"]["patched"][p]
             f = lambda c: "-" if c["gbps"] is None else (
-                f"{c['gbps']:.1f}" + (f" ({c['pct_bw']:.0f}%)" if c["pct_bw"] is not None else ""))
+                f"{c['gbps']:.1f}" + (f" ({c['pct_bw']:.0f}%)" if c["pct_bw"] is not None else "")
+                + (f" [{c['pct_bw_paired']:.0f}%]" if c.get("pct_bw_paired") is not None else ""))
             cells.append(f"{f(a)} -> {f(b)}")
         print(f"{wdt:9} {'-' if bw is None else f'{bw:.1f}':>8} " + " ".join(f"{c:>27}" for c in cells),
               file=stream)

@@ -64,6 +64,12 @@ def test_e2e_writes_patched_against_unpatched_figures(tmp_path):
                 ms = r[side][f"{p}_decode_ms_per_token"]
                 assert cell["gbps"] == pytest.approx(cell["bytes"] / ms * 1e-6)
                 assert cell["pct_bw"] == pytest.approx(100 * cell["gbps"] / r["read_bw_gbps"])
+                # each round against the better of the readings around it
+                bws, rows = r["read_bw_rounds"], r["rounds"][side]
+                want = sorted(100 * cell["bytes"] / (row[f"{p}_decode_ms_per_token"] * 1e-3) / 1e9
+                              / max(bws[i], bws[i + 1]) for i, row in enumerate(rows))
+                assert cell["pct_bw_paired"] == pytest.approx(want[len(want) // 2] if len(want) % 2 else
+                                                              (want[len(want) // 2 - 1] + want[len(want) // 2]) / 2)
         assert f"\n{wdt} " in res.stdout
     assert "decode tok/s" in res.stdout and "MoE ms/token" in res.stdout
     assert "decode ms/token by part" in res.stdout and "lm_head" in res.stdout
