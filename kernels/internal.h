@@ -116,6 +116,10 @@ void cb_clear_error(void);
 #define COLIBRI_LFU_HALF_LIFE 1024
 #endif
 
+/* An expert with at most this many tokens runs the decode-class kernels, else prefill's (the
+ * kernel parts); a layer call of at most this many tokens is a decode call (layer.c). */
+#define CB_DECODE_MAX_TOKENS 2
+
 #define CB_INT4_GROUP 32
 
 /* int4k (COLIBRI_INT4K): a row is super-blocks of up to CB_K4_SUPER groups of 32 weights,

@@ -369,6 +369,134 @@ static void run_turn(const colibri_layer *L, cb_job *jobs, int njobs, const cb_j
     }
 }
 
+/* ------------------------------------------------ decode on several threads: claimed work
+ *
+ * A decode call's work is the same for every thread in a static split, yet one thread often
+ * runs slower (a vCPU that also takes interrupts, a neighbour on its core) and the other
+ * then waits at the barrier. So its work is items claimed at run time: the gate/up items
+ * (a job's rows in chunks), then the down items (a job's output columns in chunks). Each
+ * thread walks forward from where a static split would start it, and when it meets an item
+ * that is taken, takes what is left from the end backward; within a job the chunks lie side
+ * by side, so a thread mostly streams one matrix after another as in the static split.
+ * Down items of different jobs may share output columns, so each job adds into its own
+ * zeroed partial rows, and the last step sums the partials into y in the jobs' order: the
+ * same operations as adding every job into y in turn (y starts at +0, and +0 + v is v), so
+ * the outputs are the same bits as the static split's at every thread count. */
+
+/* weights per item, about: small enough that the last items even the threads out, large
+ * enough that claiming one (an atomic exchange) and restarting a weight stream cost little */
+#define CB_ITEM_WEIGHTS (1 << 20)
+
+typedef struct {
+    int next, back; /* the next item to try; walking backward from the end */
+} cb_walk;
+
+/* The next item [0, n) this thread claims, or -1 when none is left. */
+static int walk_next(int *taken, int n, cb_walk *w) {
+    if (!w->back) {
+        if (w->next < n && !__atomic_exchange_n(&taken[w->next], 1, __ATOMIC_RELAXED)) return w->next++;
+        w->back = 1, w->next = n - 1;
+    }
+    for (; w->next >= 0; --w->next)
+        if (!__atomic_load_n(&taken[w->next], __ATOMIC_RELAXED) &&
+            !__atomic_exchange_n(&taken[w->next], 1, __ATOMIC_RELAXED))
+            return w->next--;
+    return -1;
+}
+
+/* rows per chunk of a matrix of `per_row` weights x tokens per row: a multiple of 16 rows
+ * (a packed block) */
+static int chunk_rows(long per_row) {
+    const long r = (CB_ITEM_WEIGHTS + per_row - 1) / (per_row > 0 ? per_row : 1);
+    return (int)((r + 15) / 16 * 16);
+}
+
+/* items[3 k ..] = (job, r0, r1) for every job's rows [0, rows) in chunks; returns their count
+ * (with items NULL: only counts them). down: the down projections' rows (H each), else the
+ * gate/up rows (inter each, two matrices of H columns). */
+static int list_items(const cb_job *jobs, int njobs, int H, int down, int *items) {
+    int k = 0;
+    for (int j = 0; j < njobs; ++j) {
+        const int R = down ? H : jobs[j].ex->inter;
+        const int rc = chunk_rows((long)(down ? jobs[j].ex->inter : 2 * H) * jobs[j].ntok);
+        for (int r = 0; r < R; r += rc, ++k)
+            if (items) items[3 * k] = j, items[3 * k + 1] = r, items[3 * k + 2] = r + rc < R ? r + rc : R;
+    }
+    return k;
+}
+
+/* A decode call's experts (jobs) on nt > 1 threads, claimed as above. The kernels' prepared
+ * activations (cbk_xprep_fn, where the part has one and the weights are packed) are each
+ * thread's own: the token's row for its gate/up items, a job's h before its first down item
+ * of that job, each prepared once per thread rather than once per item. */
+static int run_decode_claimed(const colibri_layer *L, cb_job *jobs, int njobs, const float *x, float *y, int T,
+                              int nt, char *wsbase, size_t wstride, size_t wsb) {
+    const int H = L->hidden;
+    const cbk_part *part = cbk_part_of(L->kernels, L->dtype);
+    const size_t xb = part->xprep_bytes && jobs[0].ex->gate.pk ? (part->xprep_bytes(L->dtype, H, T) + 63) / 64 * 64 : 0;
+    size_t hb = 0, hoff[njobs];
+    for (int j = 0; j < njobs; ++j) {
+        const cb_expert *ex = jobs[j].ex;
+        /* the path's own prepared layout (the int gemm's) where it has one; never at decode */
+        const int hp = part->xprep_bytes && ex->down.pk &&
+                       !(part->prep_bytes && part->prep_bytes(L->dtype, &ex->down, jobs[j].ntok));
+        hoff[j] = hp ? hb : (size_t)-1;
+        if (hp) hb += (part->xprep_bytes(L->dtype, ex->inter, jobs[j].ntok) + 63) / 64 * 64;
+    }
+    const int ngu = list_items(jobs, njobs, H, 0, NULL), ndn = list_items(jobs, njobs, H, 1, NULL);
+    const size_t nparts = (size_t)njobs * T * H; /* the down items' partial rows, per job */
+    const size_t head = ((size_t)(ngu + ndn) * 4 * sizeof(int) + 63) / 64 * 64 + (nparts * sizeof(float) + 63) / 64 * 64;
+    const size_t per = xb + hb + (size_t)(njobs + 63) / 64 * 64; /* + which jobs' h it prepared */
+    char *buf = cb_scratch(CB_SCRATCH_XPREP, head + (size_t)nt * per);
+    if (!buf) return cb_fail(COLIBRI_ERR_NOMEM, "out of memory for %zu bytes of decode scratch", head + (size_t)nt * per);
+    int *taken = (int *)(void *)buf, *items = taken + ngu + ndn; /* items: (job, r0, r1) */
+    float *parts = (float *)(void *)(buf + ((size_t)(ngu + ndn) * 4 * sizeof(int) + 63) / 64 * 64);
+    memset(taken, 0, (size_t)(ngu + ndn) * sizeof(int));
+    list_items(jobs, njobs, H, 0, items);
+    list_items(jobs, njobs, H, 1, items + 3 * ngu);
+#pragma omp parallel num_threads(nt)
+    {
+        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        void *ws = wsb ? wsbase + (size_t)tid * wstride : NULL;
+        char *mine = buf + head + (size_t)tid * per, *hmine = mine + xb, *ready = hmine + hb;
+        memset(ready, 0, (size_t)njobs);
+        if (xb) part->xprep(L->dtype, x, H, H, 0, T, mine);
+        cb_walk w = {(int)((long)ngu * tid / nth), 0};
+        for (int i; (i = walk_next(taken, ngu, &w)) >= 0;) {
+            const cb_job *jb = &jobs[items[3 * i]];
+            part->gateup(L->dtype, &jb->ex->gate, &jb->ex->up, x, H, jb->tok, jb->ntok, items[3 * i + 1],
+                         items[3 * i + 2], jb->h, jb->ex->inter, ws, xb ? mine : NULL);
+        }
+#pragma omp barrier
+        const int *dit = items + 3 * ngu;
+        cb_walk d = {(int)((long)ndn * tid / nth), 0};
+        for (int i; (i = walk_next(taken + ngu, ndn, &d)) >= 0;) {
+            const int j = dit[3 * i], c0 = dit[3 * i + 1], c1 = dit[3 * i + 2];
+            const cb_job *jb = &jobs[j];
+            float *pj = parts + (size_t)j * T * H;
+            if (hoff[j] != (size_t)-1 && !ready[j]) {
+                part->xprep(L->dtype, jb->h, jb->ex->inter, jb->ex->inter, 0, jb->ntok, hmine + hoff[j]);
+                ready[j] = 1;
+            }
+            for (int t = 0; t < T; ++t) memset(pj + (size_t)t * H + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+            part->rows_acc(L->dtype, &jb->ex->down, jb->h, jb->ex->inter, jb->ntok, jb->tw, jb->tok, c0, c1, pj, H,
+                           ws, hoff[j] != (size_t)-1 ? hmine + hoff[j] : NULL);
+        }
+#pragma omp barrier
+        int c0, c1;
+        cb_split_range(H, nth, tid, 16, &c0, &c1);
+        for (int t = 0; t < T; ++t) {
+            float *yt = y + (size_t)t * H;
+            for (int c = c0; c < c1; ++c) yt[c] = 0.0f;
+            for (int j = 0; j < njobs; ++j) {
+                const float *p = parts + ((size_t)j * T + t) * H;
+                for (int c = c0; c < c1; ++c) yt[c] += p[c];
+            }
+        }
+    }
+    return COLIBRI_OK;
+}
+
 /* One turn of a budgeted layer (its cache): the gate and up projections of the experts
  * resident now, then of the missing ones as their reads complete, then every down
  * projection in the jobs' order. jobs from j0 on; sets *j1 where the turn ends. */
@@ -537,7 +665,8 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     /* the gateups' activations, prepared once where the part's kernels take them so: each
      * token meets up to top-k experts, whose gateups would each prepare it again */
     char *xprep = NULL;
-    if (wsb && part->xprep_bytes) {
+    const int claimed = !L->cache && nt > 1 && T <= CB_DECODE_MAX_TOKENS && njobs > 0;
+    if (wsb && part->xprep_bytes && T > CB_DECODE_MAX_TOKENS) { /* decode: each thread its own (above) */
         const size_t xb = part->xprep_bytes(L->dtype, H, T);
         if (xb) xprep = cb_scratch(CB_SCRATCH_XPREP, xb);
     }
@@ -550,6 +679,8 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
         for (int j0 = 0, j1; j0 < njobs && !st; j0 = j1)
             st = run_cached_turn(L, jobs, j0, njobs, &j1, gjobs, ready, x, y, T, nt, wsbase, wstride, wsb, xprep);
         cb_cache_end(L->cache);
+    } else if (claimed) {
+        st = run_decode_claimed(L, jobs, njobs, x, y, T, nt, wsbase, wstride, wsb);
     } else if (njobs) {
         run_turn(L, jobs, njobs, jobs, njobs, x, y, T, nt, wsbase, wstride, wsb, xprep, xprep, 1, 1);
     }
