@@ -21,10 +21,10 @@ holds its own copy of the weights, as ggml does, makes that likelier on a small 
 
 Decode (T=1) takes a fresh token per call (the router picks other experts; all
 experts' weights are resident). Where one layer's weights are less than 4x the
-last-level cache (int4, int8, bf16 on the smaller shapes), Colibri cycles through
-that many copies of the layer (layers of the model file), as a model's layers follow
-each other, so its weights come from memory as they would in a model (`layer_copies`
-in the JSON). Colibri is timed
+last-level cache (int4, int8, bf16 on the smaller shapes), or its shared expert (read
+by every call) is, Colibri cycles through that many copies of the layer (layers of the
+model file; at most 8, and 3 GiB), as a model's layers follow each other, so its
+weights come from memory as they would in a model (`layer_copies` in the JSON). Colibri is timed
 inside C; NumPy and PyTorch by wall clock around each call, with their thread pools
 pinned to the same thread count. GB/s counts the weight bytes a decode token streams
 (k experts with their scales, the shared expert, the router).
@@ -596,7 +596,7 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                     p = problems_mod.problem(f"{shape}/{phase}/{dtype}")
                     where = p.name
                     # the f32 weights the peers run are >= 4x the LLC for every reference shape
-                    copies = resident_copies(p.layer_bytes, llc)
+                    copies = resident_copies(p.layer_bytes, llc, p.reread_bytes)
                     path = weights.ensure_model(wdir, p, seed, copies, progress=say)
                     held = held_copy(path, libs["colibri-default"])
                     dtype_peers, own = peer_fns, {}
@@ -607,8 +607,8 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                         own = {"ggml": {"weights": gl.type_name, "decode_bytes": gl.decode_bytes}}
                     if beside and beside != dtype:
                         pb = problems_mod.problem(f"{shape}/{phase}/{beside}")
-                        pb_path = weights.ensure_model(wdir, pb, seed, resident_copies(pb.layer_bytes, llc),
-                                                       progress=say)
+                        pb_copies = resident_copies(pb.layer_bytes, llc, pb.reread_bytes)
+                        pb_path = weights.ensure_model(wdir, pb, seed, pb_copies, progress=say)
                         # the tuned library too, where it runs other code than the default's
                         # in that dtype (same_code): two tuned libraries' formats compared
                         same_b = len(libs) > 1 and same_code(kernel_code(libs, pb_path, beside))

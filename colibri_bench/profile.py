@@ -161,7 +161,8 @@ def main(argv=None) -> int:
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     wdir = build_dir_default() / "tuner" / "weights"
     weights.ensure_f32(wdir, problems.problem(f"{args.shape}/{args.phase}/f32"), 0, progress=say)
-    path = weights.ensure_model(wdir, p, 0, resident_copies(p.layer_bytes, _llc_total_here()), progress=say)
+    copies = resident_copies(p.layer_bytes, _llc_total_here(), p.reread_bytes)
+    path = weights.ensure_model(wdir, p, 0, copies, progress=say)
     layers = Mapped(path, lib_path)
     lib = layers.lib
     xs = _inputs(p, max(2, min(64, 2048 // p.T)), 1)

@@ -90,6 +90,26 @@ def test_resident_copies_cover_the_llc_several_times():
     assert resident_copies(1000, None) == 1             # cache size unknown
 
 
+def test_resident_copies_cover_the_llc_with_a_shared_expert_too():
+    """Every call reads a shared expert again: the copies' shared experts must cover the
+    cache several times too, or the bench times them from it (Qwen1.5-MoE int8 decode read
+    106-122% of the read bandwidth with one copy of its 554 MB layer on a 32 MiB LLC)."""
+    from tuner.host.bandwidth import LLC_FACTOR, MAX_COPY_BYTES, resident_copies
+    from tuner.measure.problems import problem
+
+    llc = 32 << 20
+    p = problem("qwen1.5-moe-a2.7b/decode/int8")
+    assert p.layer_bytes >= LLC_FACTOR * llc and p.reread_bytes < LLC_FACTOR * llc
+    assert resident_copies(p.layer_bytes, llc) == 1
+    n = resident_copies(p.layer_bytes, llc, p.reread_bytes)
+    assert n * p.reread_bytes >= LLC_FACTOR * llc and (n - 1) * p.reread_bytes < LLC_FACTOR * llc
+    assert problem("qwen3-30b-a3b/decode/int8").reread_bytes == 0     # no shared expert
+    # never more than MAX_COPY_BYTES of copies, one at least
+    d = problem("deepseek-v2-lite/decode/f32")
+    assert resident_copies(d.layer_bytes, llc, d.reread_bytes) * d.layer_bytes <= max(MAX_COPY_BYTES, d.layer_bytes)
+    assert resident_copies(MAX_COPY_BYTES * 2, llc, 1000) == 1
+
+
 def test_layer_bytes_counts_every_expert_the_shared_expert_and_the_router():
     from colibri.quant import stored_bytes
     from tuner.measure.problems import problem

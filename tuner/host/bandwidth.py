@@ -82,15 +82,25 @@ def _available_memory() -> int | None:
 
 
 MAX_COPIES = 8   # enough for the reference shapes in int4; a toy shape stays in cache anyway
+# all copies together at most: a bench or tuner process holds two or three packed copies of
+# the file at once (two libraries and a throwaway), beside the file in the page cache
+MAX_COPY_BYTES = 3 << 30
 
 
-def resident_copies(layer_bytes: int, llc_total: int | None) -> int:
+def resident_copies(layer_bytes: int, llc_total: int | None, reread_bytes: int = 0) -> int:
     """How many copies of a layer to cycle through so that their weights together are
     at least LLC_FACTOR x the last-level cache (a model's layers follow each other the
-    same way): a layer that fits in the cache would otherwise be timed from it."""
+    same way): a layer that fits in the cache would otherwise be timed from it. Where
+    every call reads part of the layer again (reread_bytes: a shared expert, with the
+    router), enough copies that those parts too add up to LLC_FACTOR x the cache: a
+    shared expert that fits in it would otherwise come from it on every call, as it does
+    in no model of more layers. At most MAX_COPIES, and MAX_COPY_BYTES of copies (one
+    at least)."""
     if not llc_total or layer_bytes <= 0:
         return 1
-    return max(1, min(MAX_COPIES, -(-LLC_FACTOR * llc_total // layer_bytes)))
+    want = LLC_FACTOR * llc_total
+    n = max(-(-want // layer_bytes), -(-want // reread_bytes) if reread_bytes > 0 else 1)
+    return max(1, min(n, MAX_COPIES, MAX_COPY_BYTES // layer_bytes))
 
 
 def _llc_total_here() -> int | None:

@@ -76,7 +76,7 @@ def prepare(problems, weights_dir: str | Path, seed: int = 0, progress=None) -> 
     # the dtypes' files side by side: encoding, checksums and writes release the GIL
     with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
         list(pool.map(lambda p: weights.ensure_model(weights_dir, p, seed,
-                                                     resident_copies(p.layer_bytes, llc), progress),
+                                                     resident_copies(p.layer_bytes, llc, p.reread_bytes), progress),
                       todo))
 
 

@@ -102,6 +102,13 @@ class Problem:
         return self.E * self.expert_bytes + self.shared_bytes + self.E * self.H * 4
 
     @property
+    def reread_bytes(self) -> int:
+        """Weight bytes every call of the layer reads again, whichever experts it routes to:
+        the shared expert and the router, where there is a shared expert (else 0: the
+        router alone is too small to count; bandwidth.resident_copies)."""
+        return self.shared_bytes + self.E * self.H * 4 if self.S else 0
+
+    @property
     def decode_bytes(self) -> int:
         """Weight bytes one decode token streams: k experts, the shared expert, the router."""
         return self.k * self.expert_bytes + self.shared_bytes + self.E * self.H * 4

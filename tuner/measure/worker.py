@@ -75,7 +75,7 @@ def memory_cap(problems, n_libs: int = 1, llc_total: int | None = None) -> int:
     llc = llc_total if llc_total is not None else _llc_total_here()
     groups = {(p.shape, p.dtype): p for p in problems}
     f32 = max((replace(p, dtype="f32").layer_bytes for p in groups.values()), default=0)
-    sizes = [resident_copies(p.layer_bytes, llc) * p.layer_bytes for p in groups.values()]
+    sizes = [resident_copies(p.layer_bytes, llc, p.reread_bytes) * p.layer_bytes for p in groups.values()]
     # and the throwaway copy a session holds (_first_packed_model), at most the largest
     return max(4 << 30, 2 * (f32 + n_libs * sum(sizes) + max(sizes, default=0)) + (2 << 30))
 
@@ -188,7 +188,7 @@ def _load_layers(lib, lib_path: str, p, job: dict):
     from tuner.host.bandwidth import _llc_total_here, resident_copies
     from tuner.measure import weights
 
-    copies = resident_copies(p.layer_bytes, _llc_total_here())
+    copies = resident_copies(p.layer_bytes, _llc_total_here(), p.reread_bytes)
     # the tuner wrote the file, and _verify checks the layer's outputs: the CRC pass over
     # every copy (a quarter of a worker's time on Qwen3's int4 file) buys nothing here
     model = Model.load(weights.model_path(job["weights_dir"], p, job.get("seed", 0), copies), lib=lib,
