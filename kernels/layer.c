@@ -5,7 +5,8 @@
  * active expert's gate/up rows (split by rows x tokens of work), phase 2 the down
  * projections, each thread owning a slice of output columns across all experts
  * so it accumulates straight into y with no reduction and no barrier between
- * experts. */
+ * experts. Decode on several threads claims the same work in chunks at run time
+ * instead (run_decode_claimed). */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
