@@ -91,12 +91,35 @@ int colibri_dense_forward(colibri_dense *d, const float *x, float *y, int T, int
     const size_t wsb = (cbk_workspace_bytes(d->dtype, C, T) + 63) / 64 * 64;
     if (wsb && (size_t)nt > (SIZE_MAX / 4) / wsb)
         return cb_fail(COLIBRI_ERR_INVALID, "n_tokens %d: kernel workspace too large", T);
-    const size_t head = ((size_t)T * (sizeof(int32_t) + sizeof(float)) + 63) / 64 * 64;
-    char *scratch = cb_scratch(CB_SCRATCH_CALL, head + (size_t)nt * wsb);
+    /* decode on several threads: rows in chunks the threads claim (claim.c), each thread
+     * with x prepared once for all of its chunks where the part's packed kernels take it */
+    const int claimed = nt > 1 && T <= CB_DECODE_MAX_TOKENS;
+    const cbk_part *part = cbk_part_of(&cbk_kernels_default, d->dtype);
+    const int rc = cb_chunk_rows((long)C * T), nitems = claimed ? (R + rc - 1) / rc : 0;
+    const size_t xb = claimed && part->xprep_bytes && d->m.pk ? (part->xprep_bytes(d->dtype, C, T) + 63) / 64 * 64 : 0;
+    const size_t head = ((size_t)T * (sizeof(int32_t) + sizeof(float)) + (size_t)nitems * sizeof(int) + 63) / 64 * 64;
+    char *scratch = cb_scratch(CB_SCRATCH_CALL, head + (size_t)nt * (wsb + xb));
     if (!scratch) return cb_fail(COLIBRI_ERR_NOMEM, "out of memory for dense scratch");
     int32_t *tok = (int32_t *)(void *)scratch;
     float *tw = (float *)(void *)(tok + T);
+    int *taken = (int *)(void *)(tw + T);
     for (int t = 0; t < T; ++t) tok[t] = t, tw[t] = 1.0f;
+    if (claimed) {
+        memset(taken, 0, (size_t)nitems * sizeof(int));
+#pragma omp parallel num_threads(nt)
+        {
+            const int tid = omp_get_thread_num();
+            char *ws = wsb ? scratch + head + (size_t)tid * (wsb + xb) : NULL, *xp = NULL;
+            if (xb) part->xprep(d->dtype, x, C, C, 0, T, xp = scratch + head + (size_t)tid * (wsb + xb) + wsb);
+            cb_walk w = cb_walk_from(nitems, tid, omp_get_num_threads());
+            for (int i; (i = cb_walk_next(taken, nitems, &w)) >= 0;) {
+                const int a = i * rc, b = a + rc < R ? a + rc : R;
+                for (int t = 0; t < T; ++t) memset(y + (size_t)t * R + a, 0, (size_t)(b - a) * sizeof(float));
+                part->rows_acc(d->dtype, &d->m, x, C, T, tw, tok, a, b, y, R, ws, xp);
+            }
+        }
+        return COLIBRI_OK;
+    }
     /* a packed matrix computes whole blocks of 16 rows: splits on them compute none twice */
     const int blk = d->m.pk ? 16 : cbk_rows_block;
 #pragma omp parallel num_threads(nt)

@@ -120,6 +120,23 @@ void cb_clear_error(void);
  * kernel parts); a layer call of at most this many tokens is a decode call (layer.c). */
 #define CB_DECODE_MAX_TOKENS 2
 
+/* Decode work claimed at run time (claim.c). CB_ITEM_WEIGHTS: weights per item, about:
+ * small enough that the last items even the threads out, large enough that claiming one
+ * (an atomic exchange) and restarting a weight stream cost little (2^17 lost 2% to the
+ * static split on a cache-resident Qwen3 int4 layer, 2^20 did not; docs/ARCHITECTURE.md). */
+#define CB_ITEM_WEIGHTS (1 << 20)
+typedef struct {
+    int next, back; /* the next item to try; walking backward from the end */
+} cb_walk;
+/* A thread's walk over items [0, n) of a list whose taken[] flags start at 0: its first
+ * item is n * tid / nt. */
+static inline cb_walk cb_walk_from(int n, int tid, int nt) { return (cb_walk){(int)((long)n * tid / nt), 0}; }
+/* The next item this thread claims, or -1 when none is left. */
+int cb_walk_next(int *taken, int n, cb_walk *w);
+/* Rows per item of a matrix of per_row weights x tokens per row: a multiple of 16 rows (a
+ * packed block). */
+int cb_chunk_rows(long per_row);
+
 #define CB_INT4_GROUP 32
 
 /* int4k (COLIBRI_INT4K): a row is super-blocks of up to CB_K4_SUPER groups of 32 weights,

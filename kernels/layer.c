@@ -372,45 +372,14 @@ static void run_turn(const colibri_layer *L, cb_job *jobs, int njobs, const cb_j
 
 /* ------------------------------------------------ decode on several threads: claimed work
  *
- * A decode call's work is the same for every thread in a static split, yet one thread often
- * runs slower (a vCPU that also takes interrupts, a neighbour on its core) and the other
- * then waits at the barrier. So its work is items claimed at run time: the gate/up items
- * (a job's rows in chunks), then the down items (a job's output columns in chunks). Each
- * thread walks forward from where a static split would start it, and when it meets an item
- * that is taken, takes what is left from the end backward; within a job the chunks lie side
- * by side, so a thread mostly streams one matrix after another as in the static split.
- * Down items of different jobs may share output columns, so each job adds into its own
- * zeroed partial rows, and the last step sums the partials into y in the jobs' order: the
- * same operations as adding every job into y in turn (y starts at +0, and +0 + v is v), so
- * the outputs are the same bits as the static split's at every thread count. */
-
-/* weights per item, about: small enough that the last items even the threads out, large
- * enough that claiming one (an atomic exchange) and restarting a weight stream cost little */
-#define CB_ITEM_WEIGHTS (1 << 20)
-
-typedef struct {
-    int next, back; /* the next item to try; walking backward from the end */
-} cb_walk;
-
-/* The next item [0, n) this thread claims, or -1 when none is left. */
-static int walk_next(int *taken, int n, cb_walk *w) {
-    if (!w->back) {
-        if (w->next < n && !__atomic_exchange_n(&taken[w->next], 1, __ATOMIC_RELAXED)) return w->next++;
-        w->back = 1, w->next = n - 1;
-    }
-    for (; w->next >= 0; --w->next)
-        if (!__atomic_load_n(&taken[w->next], __ATOMIC_RELAXED) &&
-            !__atomic_exchange_n(&taken[w->next], 1, __ATOMIC_RELAXED))
-            return w->next--;
-    return -1;
-}
-
-/* rows per chunk of a matrix of `per_row` weights x tokens per row: a multiple of 16 rows
- * (a packed block) */
-static int chunk_rows(long per_row) {
-    const long r = (CB_ITEM_WEIGHTS + per_row - 1) / (per_row > 0 ? per_row : 1);
-    return (int)((r + 15) / 16 * 16);
-}
+ * A decode call's work is items the threads claim at run time (claim.c): the gate/up items
+ * (a job's rows in chunks), then the down items (a job's output columns in chunks); within
+ * a job the chunks lie side by side, so a thread mostly streams one matrix after another
+ * as in the static split. Down items of different jobs may share output columns, so each
+ * job adds into its own zeroed partial rows, and the last step sums the partials into y in
+ * the jobs' order: the same operations as adding every job into y in turn (y starts at +0,
+ * and +0 + v is v), so the outputs are the same bits as the static split's at every thread
+ * count. */
 
 /* items[3 k ..] = (job, r0, r1) for every job's rows [0, rows) in chunks; returns their count
  * (with items NULL: only counts them). down: the down projections' rows (H each), else the
@@ -419,7 +388,7 @@ static int list_items(const cb_job *jobs, int njobs, int H, int down, int *items
     int k = 0;
     for (int j = 0; j < njobs; ++j) {
         const int R = down ? H : jobs[j].ex->inter;
-        const int rc = chunk_rows((long)(down ? jobs[j].ex->inter : 2 * H) * jobs[j].ntok);
+        const int rc = cb_chunk_rows((long)(down ? jobs[j].ex->inter : 2 * H) * jobs[j].ntok);
         for (int r = 0; r < R; r += rc, ++k)
             if (items) items[3 * k] = j, items[3 * k + 1] = r, items[3 * k + 2] = r + rc < R ? r + rc : R;
     }
@@ -462,16 +431,16 @@ static int run_decode_claimed(const colibri_layer *L, cb_job *jobs, int njobs, c
         char *mine = buf + head + (size_t)tid * per, *hmine = mine + xb, *ready = hmine + hb;
         memset(ready, 0, (size_t)njobs);
         if (xb) part->xprep(L->dtype, x, H, H, 0, T, mine);
-        cb_walk w = {(int)((long)ngu * tid / nth), 0};
-        for (int i; (i = walk_next(taken, ngu, &w)) >= 0;) {
+        cb_walk w = cb_walk_from(ngu, tid, nth);
+        for (int i; (i = cb_walk_next(taken, ngu, &w)) >= 0;) {
             const cb_job *jb = &jobs[items[3 * i]];
             part->gateup(L->dtype, &jb->ex->gate, &jb->ex->up, x, H, jb->tok, jb->ntok, items[3 * i + 1],
                          items[3 * i + 2], jb->h, jb->ex->inter, ws, xb ? mine : NULL);
         }
 #pragma omp barrier
         const int *dit = items + 3 * ngu;
-        cb_walk d = {(int)((long)ndn * tid / nth), 0};
-        for (int i; (i = walk_next(taken + ngu, ndn, &d)) >= 0;) {
+        cb_walk d = cb_walk_from(ndn, tid, nth);
+        for (int i; (i = cb_walk_next(taken + ngu, ndn, &d)) >= 0;) {
             const int j = dit[3 * i], c0 = dit[3 * i + 1], c1 = dit[3 * i + 2];
             const cb_job *jb = &jobs[j];
             float *pj = parts + (size_t)j * T * H;

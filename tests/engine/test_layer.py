@@ -95,6 +95,22 @@ def test_thread_count_does_not_change_the_result(lib, dtype, experts):
     assert_engine(outs[0], case.reference(x, dtype), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_claimed_decode_is_the_same_at_every_thread_count(lib, dtype):
+    """Decode on several threads claims its work in chunks of about 2^20 weights
+    (kernels/claim.c): here 3 gate/up chunks per expert and 2 down chunks at one token, 6 and
+    3 at two, a shared expert of other sizes beside them. Each output is the static split's
+    bits at any thread count, an odd one included."""
+    case = make_case(H=1024, I=1536, E=4, k=3, S=700, gated=True, seed=5)
+    layers = [layer(case, dtype, threads=n) for n in (1, 2, 3, 4)]
+    for T in (1, 2):
+        x = case.inputs(T)
+        outs = [L(x) for L in layers]
+        for o in outs[1:]:
+            np.testing.assert_array_equal(o, outs[0])
+        assert_engine(outs[0], case.reference(x, dtype), dtype)
+
+
 @pytest.fixture(scope="module", params=sorted(REFERENCE_SHAPES))
 def reference_case(request):
     shape = dict(REFERENCE_SHAPES[request.param])

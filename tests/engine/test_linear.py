@@ -28,6 +28,26 @@ def test_matches_numpy_on_ragged_shapes_and_every_path(dtype, rows, cols):
             assert lin(x, out=out) is out and np.array_equal(out, y)
 
 
+@pytest.mark.parametrize("dtype", quant.DTYPES)
+def test_decode_is_the_same_at_every_thread_count(dtype):
+    """Decode on several threads claims rows in chunks of about 2^20 weights
+    (kernels/claim.c; here 3 chunks at one token, 5 at two, the last one short): the same
+    bits as one thread, an odd thread count included."""
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((5000, 512), dtype=np.float32)
+    lins = [colibri.Linear(W, weight_dtype=dtype, threads=n) for n in (1, 2, 3, 4)]
+    ref_w = quant.roundtrip(W, dtype).astype(np.float64)
+    for T in (1, 2):
+        x = rng.standard_normal((T, 512), dtype=np.float32)
+        outs = [lin(x) for lin in lins]
+        for o in outs[1:]:
+            np.testing.assert_array_equal(o, outs[0])
+        ref = x.astype(np.float64) @ ref_w.T
+        assert np.linalg.norm(outs[0] - ref) / np.linalg.norm(ref) <= RTOL[dtype]
+    for lin in lins:
+        lin.close()
+
+
 @pytest.mark.parametrize("dtype", ["int4g32", "int4"])
 def test_from_encoded_is_the_same_as_from_floats(dtype):
     rng = np.random.default_rng(1)
