@@ -1,5 +1,6 @@
-/* claim.c — work claimed at run time by the threads of a decode call (layer.c's
- * run_decode_claimed, dense.c's decode): items in a list, each taken by exactly one thread.
+/* claim.c — work claimed at run time by the threads of a layer call (layer.c's run_turn and
+ * run_decode_claimed) and of a dense decode (dense.c): items in a list, each taken by
+ * exactly one thread.
  *
  * A static split gives every thread the same work, yet on a shared machine one thread
  * often runs slower (a vCPU that also takes interrupts, a neighbour on its core) and the
@@ -24,4 +25,10 @@ int cb_walk_next(int *taken, int n, cb_walk *w) {
 int cb_chunk_rows(long per_row) {
     const long r = (CB_ITEM_WEIGHTS + per_row - 1) / (per_row > 0 ? per_row : 1);
     return (int)((r + 15) / 16 * 16);
+}
+
+int cb_prefill_chunk_rows(long per_row, int ntok) {
+    const long work = per_row * (ntok > CB_PREFILL_STREAM_TOKENS ? ntok : CB_PREFILL_STREAM_TOKENS);
+    const long r = (CB_PREFILL_ITEM_WORK + work - 1) / (work > 0 ? work : 1);
+    return r < CB_PREFILL_MIN_ROWS ? CB_PREFILL_MIN_ROWS : (int)((r + 15) / 16 * 16);
 }

@@ -59,7 +59,8 @@ typedef struct {
     const float *tw;
     int ntok;
     float *h;   /* [ntok, inter] */
-    void *prep; /* h prepared once for the down projection (cbk_prep_fn), or NULL */
+    void *prep;    /* h prepared once for the down projection, or NULL: */
+    int prep_rows; /* as cbk_xprep_fn prepares rows (packed weight-as-vector kernels), else cbk_prep_fn */
 } cb_job;
 
 /* A budgeted model's routed experts (expert_cache.c). A forward call on one of its layers
@@ -136,6 +137,18 @@ int cb_walk_next(int *taken, int n, cb_walk *w);
 /* Rows per item of a matrix of per_row weights x tokens per row: a multiple of 16 rows (a
  * packed block). */
 int cb_chunk_rows(long per_row);
+/* A prefill's items: CB_PREFILL_ITEM_WORK weights x tokens, about, a token count below
+ * CB_PREFILL_STREAM_TOKENS costing as much (an expert of few tokens streams its weights
+ * rather than computes); CB_PREFILL_MIN_ROWS rows at least, so that the kernels' register
+ * blocks and k chunks stay whole. Rows per item of a matrix of per_row weights for ntok
+ * tokens, a multiple of 16. */
+#define CB_PREFILL_ITEM_WORK (1L << 25)
+#define CB_PREFILL_STREAM_TOKENS 8
+#define CB_PREFILL_MIN_ROWS 64
+int cb_prefill_chunk_rows(long per_row, int ntok);
+/* A layer call's down projections: output columns in about this many chunks per thread
+ * (each chunk over every expert, so equal work; more chunks read each expert's h more). */
+#define CB_DOWN_ITEMS_PER_THREAD 4
 
 #define CB_INT4_GROUP 32
 
@@ -218,8 +231,8 @@ int cb_forward_bf16(const char *who, void *obj, cb_f32_forward_fn fn, int in, in
 /* A page-aligned buffer of at least `bytes` held for the calling thread in `slot` and reused
  * by its next calls (its contents are not kept), or NULL without memory (scratch.c). The
  * slots of one call do not overlap: the layer's scratch, its prepared panels and prepared
- * activations, and the bf16 forms' f32 rows around them. */
-enum { CB_SCRATCH_CALL, CB_SCRATCH_PREP, CB_SCRATCH_BF16, CB_SCRATCH_XPREP, CB_SCRATCH_SLOTS };
+ * activations, its work items' list, and the bf16 forms' f32 rows around them. */
+enum { CB_SCRATCH_CALL, CB_SCRATCH_PREP, CB_SCRATCH_BF16, CB_SCRATCH_XPREP, CB_SCRATCH_ITEMS, CB_SCRATCH_SLOTS };
 void *cb_scratch(int slot, size_t bytes);
 
 /* Validates a route config against n_experts; sets the error on failure. */

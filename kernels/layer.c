@@ -1,12 +1,12 @@
 /* layer.c — the fused MoE layer: route, group tokens by expert, run each active
  * expert once over its tokens, combine into the output.
  *
- * Threads split work by rows with one barrier per layer: phase 1 computes every
- * active expert's gate/up rows (split by rows x tokens of work), phase 2 the down
- * projections, each thread owning a slice of output columns across all experts
- * so it accumulates straight into y with no reduction and no barrier between
- * experts. Decode on several threads claims the same work in chunks at run time
- * instead (run_decode_claimed). */
+ * The threads claim the work in chunks at run time (claim.c), with one barrier between
+ * the phases: phase 1 computes every active expert's gate/up rows (a job's rows in
+ * chunks), phase 2 the down projections, each chunk a slice of output columns across all
+ * experts, so it accumulates straight into y with no reduction (run_turn). Decode on
+ * several threads claims the down rows of each expert instead, into partials summed at the
+ * end (run_decode_claimed): a slice of columns over a few experts is too little work. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -271,32 +271,22 @@ static void share_of(long base, long per, long len, long lo, long hi, int blk, l
     *b = r1;
 }
 
-/* Phase 1 for one thread: its slice of the rows x tokens work over all jobs. */
-static void phase_gateup(const colibri_layer *L, const cb_job *jobs, int njobs, const float *x,
-                         int tid, int nt, void *ws, const void *xprep) {
-    long total = 0;
-    for (int j = 0; j < njobs; ++j) total += (long)jobs[j].ex->inter * jobs[j].ntok;
-    const long lo = total * tid / nt, hi = total * (tid + 1) / nt;
-    long base = 0;
-    for (int j = 0; j < njobs && base < hi; ++j) {
-        const cb_job *jb = &jobs[j];
-        const long cost = (long)jb->ex->inter * jb->ntok;
-        if (base + cost > lo && cost > 0) {
-            long r0, r1; /* rows of this job whose work starts in [lo, hi), aligned to the block */
-            share_of(base, jb->ntok, jb->ex->inter, lo, hi, cbk_rows_block, &r0, &r1);
-            if (r0 < r1)
-                cbk_part_of(L->kernels, L->dtype)->gateup(L->dtype, &jb->ex->gate, &jb->ex->up, x, L->hidden,
-                                                          jb->tok, jb->ntok, (int)r0, (int)r1, jb->h,
-                                                          jb->ex->inter, ws, xprep);
-        }
-        base += cost;
-    }
+/* The bytes in which a job's h is prepared once for its down projection, for every thread
+ * that multiplies it with its rows, where the path converts it (0: it does not): the panels
+ * of its path (cbk_prep_fn) where it takes them, else the rows its packed weight-as-vector
+ * kernels take (cbk_xprep_fn; sets jb->prep_rows). */
+static size_t job_prep_bytes(const cbk_part *part, int dtype, cb_job *jb) {
+    const size_t b = part->prep_bytes ? part->prep_bytes(dtype, &jb->ex->down, jb->ntok) : 0;
+    jb->prep_rows = !b && part->xprep_bytes && jb->ex->down.pk;
+    return b ? b : jb->prep_rows ? part->xprep_bytes(dtype, jb->ex->inter, jb->ntok) : 0;
 }
 
 /* Between the phases, for one thread: its slice of the jobs' h to prepare for the down
- * projection, in 32-column units (every thread reads all of a job's h for its rows of the
- * output, and would otherwise convert all of it). */
+ * projection (job_prep_bytes), in units of 32 columns of a token: panels by 32-column
+ * units, rows by tokens (every thread reads all of a job's h for its rows of the output,
+ * and would otherwise convert all of it). */
 static void phase_prep(const colibri_layer *L, const cb_job *jobs, int njobs, int tid, int nt) {
+    const cbk_part *part = cbk_part_of(L->kernels, L->dtype);
     long total = 0;
     for (int j = 0; j < njobs; ++j)
         if (jobs[j].prep) total += (long)(jobs[j].ex->inter + 31) / 32 * jobs[j].ntok;
@@ -306,25 +296,57 @@ static void phase_prep(const colibri_layer *L, const cb_job *jobs, int njobs, in
         const cb_job *jb = &jobs[j];
         if (!jb->prep) continue;
         const int cols = jb->ex->inter;
-        const long cost = (long)(cols + 31) / 32 * jb->ntok;
+        const long units = (cols + 31) / 32, cost = units * jb->ntok;
         if (base + cost > lo && cost > 0) {
             long u0, u1;
-            share_of(base, jb->ntok, (cols + 31) / 32, lo, hi, 1, &u0, &u1);
-            if (u0 < u1)
-                cbk_part_of(L->kernels, L->dtype)->prep(L->dtype, &jb->ex->down, jb->h, cols, jb->ntok, (int)u0 * 32,
-                                                        u1 * 32 < cols ? (int)u1 * 32 : cols, jb->prep);
+            if (jb->prep_rows) {
+                share_of(base, units, jb->ntok, lo, hi, 1, &u0, &u1);
+                if (u0 < u1) part->xprep(L->dtype, jb->h, cols, cols, (int)u0, (int)u1, jb->prep);
+            } else {
+                share_of(base, jb->ntok, units, lo, hi, 1, &u0, &u1);
+                if (u0 < u1)
+                    part->prep(L->dtype, &jb->ex->down, jb->h, cols, jb->ntok, (int)u0 * 32,
+                               u1 * 32 < cols ? (int)u1 * 32 : cols, jb->prep);
+            }
         }
         base += cost;
     }
 }
 
+/* The work items of a call (claim.c): items[3 k ..] = (job, r0, r1) for every job's rows [0,
+ * rows) in chunks; returns their count (with items NULL: only counts them). down: the down
+ * projections' rows (H each), else the gate/up rows (inter each, two matrices of H columns).
+ * whole: one item per job (one thread has nothing to even out). A job of a decode's few
+ * tokens is chunked by its weights, a prefill's by weights x tokens (claim.c). */
+static int list_items(const cb_job *jobs, int njobs, int H, int down, int whole, int *items) {
+    int k = 0;
+    for (int j = 0; j < njobs; ++j) {
+        const int R = down ? H : jobs[j].ex->inter;
+        const long per_row = down ? jobs[j].ex->inter : 2L * H;
+        const int rc = whole ? R
+                       : jobs[j].ntok <= CB_DECODE_MAX_TOKENS ? cb_chunk_rows(per_row * jobs[j].ntok)
+                                                              : cb_prefill_chunk_rows(per_row, jobs[j].ntok);
+        for (int r = 0; r < R; r += rc, ++k)
+            if (items) items[3 * k] = j, items[3 * k + 1] = r, items[3 * k + 2] = r + rc < R ? r + rc : R;
+    }
+    return k;
+}
+
 /* One turn of a forward call, or part of one: the gate and up projections of gjobs[0,
  * ngjobs) (after preparing the gateups' activations where xfill asks: into xfill, on the
  * first turn; xprep is where they are), then where do_down asks, the down projections of
- * all the turn's jobs[0, njobs), added into y (zeroed first on the first turn). */
-static void run_turn(const colibri_layer *L, cb_job *jobs, int njobs, const cb_job *gjobs, int ngjobs,
-                     const float *x, float *y, int T, int nt, char *wsbase, size_t wstride, size_t wsb,
-                     char *xfill, const char *xprep, int first, int do_down) {
+ * all the turn's jobs[0, njobs), added into y (zeroed first on the first turn).
+ *
+ * The threads claim this work at run time (claim.c): the gate/up items (a job's rows in
+ * chunks), then the down projections' output columns in chunks, each chunk over all the
+ * turn's jobs in their order. A static split of equal estimated work lost to whichever
+ * thread ran slower (a shared vCPU), and its estimate (rows x tokens) misjudged experts of
+ * few tokens, which stream their weights rather than compute. Each output is computed by
+ * the same operations however the work falls, so the bits do not depend on the thread
+ * count. */
+static int run_turn(const colibri_layer *L, cb_job *jobs, int njobs, const cb_job *gjobs, int ngjobs,
+                    const float *x, float *y, int T, int nt, char *wsbase, size_t wstride, size_t wsb,
+                    char *xfill, const char *xprep, int first, int do_down) {
     const int H = L->hidden;
     const cbk_part *part = cbk_part_of(L->kernels, L->dtype);
     /* the down projection's activations, prepared once where its path takes them and more
@@ -332,15 +354,32 @@ static void run_turn(const colibri_layer *L, cb_job *jobs, int njobs, const cb_j
      * rows). At one thread there is nothing to save, and the buffer's fresh pages cost
      * time; without memory for it, each thread converts its own. */
     char *prepbuf = NULL;
-    if (do_down && wsb && nt > 1 && part->prep_bytes) {
+    if (do_down && wsb && nt > 1) {
         size_t pb = 0;
-        for (int j = 0; j < njobs; ++j) pb += (part->prep_bytes(L->dtype, &jobs[j].ex->down, jobs[j].ntok) + 63) / 64 * 64;
+        for (int j = 0; j < njobs; ++j) pb += (job_prep_bytes(part, L->dtype, &jobs[j]) + 63) / 64 * 64;
         if (pb) prepbuf = cb_scratch(CB_SCRATCH_PREP, pb); /* a multiple of 64 */
         for (size_t at = 0, j = 0; prepbuf && j < (size_t)njobs; ++j) {
-            const size_t b = part->prep_bytes(L->dtype, &jobs[j].ex->down, jobs[j].ntok);
-            jobs[j].prep = b ? memset(prepbuf + at, 0, 64) : NULL; /* its header: nothing found yet */
+            const size_t b = job_prep_bytes(part, L->dtype, &jobs[j]);
+            jobs[j].prep = b ? prepbuf + at : NULL;
+            if (b && !jobs[j].prep_rows) memset(prepbuf + at, 0, 64); /* the panels' header: nothing found yet */
             at += (b + 63) / 64 * 64;
         }
+    }
+    const int ngu = list_items(gjobs, ngjobs, H, 0, nt == 1, NULL);
+    /* down: CB_DOWN_ITEMS_PER_THREAD column chunks per thread, of 64 columns at least (two
+     * threads never share a cache line of y) */
+    int cw = H;
+    if (nt > 1) {
+        cw = (H + CB_DOWN_ITEMS_PER_THREAD * nt - 1) / (CB_DOWN_ITEMS_PER_THREAD * nt);
+        cw = (cw + 63) / 64 * 64;
+    }
+    const int ndn = do_down ? (H + cw - 1) / cw : 0;
+    const size_t ib = (size_t)(ngu + ndn + 3 * ngu) * sizeof(int);
+    int *taken = ib ? cb_scratch(CB_SCRATCH_ITEMS, ib) : NULL, *items = taken ? taken + ngu + ndn : NULL;
+    if (ib && !taken) return cb_fail(COLIBRI_ERR_NOMEM, "out of memory for %zu bytes of work items", ib);
+    if (ib) {
+        memset(taken, 0, (size_t)(ngu + ndn) * sizeof(int));
+        list_items(gjobs, ngjobs, H, 0, nt == 1, items);
     }
 #pragma omp parallel num_threads(nt)
     {
@@ -352,22 +391,30 @@ static void run_turn(const colibri_layer *L, cb_job *jobs, int njobs, const cb_j
             if (t0 < t1) part->xprep(L->dtype, x, H, H, t0, t1, xfill);
 #pragma omp barrier
         }
-        phase_gateup(L, gjobs, ngjobs, x, tid, nth, ws, xprep);
+        cb_walk w = cb_walk_from(ngu, tid, nth);
+        for (int i; (i = cb_walk_next(taken, ngu, &w)) >= 0;) {
+            const cb_job *jb = &gjobs[items[3 * i]];
+            part->gateup(L->dtype, &jb->ex->gate, &jb->ex->up, x, H, jb->tok, jb->ntok, items[3 * i + 1],
+                         items[3 * i + 2], jb->h, jb->ex->inter, ws, xprep);
+        }
         if (do_down) {
 #pragma omp barrier
             if (prepbuf) {
                 phase_prep(L, jobs, njobs, tid, nth);
 #pragma omp barrier
             }
-            int c0, c1;
-            cb_split_range(H, nth, tid, 16, &c0, &c1); /* 16 floats: threads never share a cache line of y */
-            if (first)
-                for (int t = 0; t < T; ++t) memset(y + (size_t)t * H + c0, 0, (size_t)(c1 - c0) * sizeof(float));
-            for (int j = 0; j < njobs && c0 < c1; ++j)
-                part->rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter, jobs[j].ntok, jobs[j].tw,
-                               jobs[j].tok, c0, c1, y, H, ws, jobs[j].prep);
+            cb_walk d = cb_walk_from(ndn, tid, nth);
+            for (int i; (i = cb_walk_next(taken + ngu, ndn, &d)) >= 0;) {
+                const int c0 = i * cw, c1 = c0 + cw < H ? c0 + cw : H;
+                if (first)
+                    for (int t = 0; t < T; ++t) memset(y + (size_t)t * H + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+                for (int j = 0; j < njobs; ++j)
+                    part->rows_acc(L->dtype, &jobs[j].ex->down, jobs[j].h, jobs[j].ex->inter, jobs[j].ntok,
+                                   jobs[j].tw, jobs[j].tok, c0, c1, y, H, ws, jobs[j].prep);
+            }
         }
     }
+    return COLIBRI_OK;
 }
 
 /* ------------------------------------------------ decode on several threads: claimed work
@@ -380,20 +427,6 @@ static void run_turn(const colibri_layer *L, cb_job *jobs, int njobs, const cb_j
  * the jobs' order: the same operations as adding every job into y in turn (y starts at +0,
  * and +0 + v is v), so the outputs are the same bits as the static split's at every thread
  * count. */
-
-/* items[3 k ..] = (job, r0, r1) for every job's rows [0, rows) in chunks; returns their count
- * (with items NULL: only counts them). down: the down projections' rows (H each), else the
- * gate/up rows (inter each, two matrices of H columns). */
-static int list_items(const cb_job *jobs, int njobs, int H, int down, int *items) {
-    int k = 0;
-    for (int j = 0; j < njobs; ++j) {
-        const int R = down ? H : jobs[j].ex->inter;
-        const int rc = cb_chunk_rows((long)(down ? jobs[j].ex->inter : 2 * H) * jobs[j].ntok);
-        for (int r = 0; r < R; r += rc, ++k)
-            if (items) items[3 * k] = j, items[3 * k + 1] = r, items[3 * k + 2] = r + rc < R ? r + rc : R;
-    }
-    return k;
-}
 
 /* A decode call's experts (jobs) on nt > 1 threads, claimed as above. The kernels' prepared
  * activations (cbk_xprep_fn, where the part has one and the weights are packed) are each
@@ -413,7 +446,7 @@ static int run_decode_claimed(const colibri_layer *L, cb_job *jobs, int njobs, c
         hoff[j] = hp ? hb : (size_t)-1;
         if (hp) hb += (part->xprep_bytes(L->dtype, ex->inter, jobs[j].ntok) + 63) / 64 * 64;
     }
-    const int ngu = list_items(jobs, njobs, H, 0, NULL), ndn = list_items(jobs, njobs, H, 1, NULL);
+    const int ngu = list_items(jobs, njobs, H, 0, 0, NULL), ndn = list_items(jobs, njobs, H, 1, 0, NULL);
     const size_t nparts = (size_t)njobs * T * H; /* the down items' partial rows, per job */
     const size_t head = ((size_t)(ngu + ndn) * 4 * sizeof(int) + 63) / 64 * 64 + (nparts * sizeof(float) + 63) / 64 * 64;
     const size_t per = xb + hb + (size_t)(njobs + 63) / 64 * 64; /* + which jobs' h it prepared */
@@ -422,8 +455,8 @@ static int run_decode_claimed(const colibri_layer *L, cb_job *jobs, int njobs, c
     int *taken = (int *)(void *)buf, *items = taken + ngu + ndn; /* items: (job, r0, r1) */
     float *parts = (float *)(void *)(buf + ((size_t)(ngu + ndn) * 4 * sizeof(int) + 63) / 64 * 64);
     memset(taken, 0, (size_t)(ngu + ndn) * sizeof(int));
-    list_items(jobs, njobs, H, 0, items);
-    list_items(jobs, njobs, H, 1, items + 3 * ngu);
+    list_items(jobs, njobs, H, 0, 0, items);
+    list_items(jobs, njobs, H, 1, 0, items + 3 * ngu);
 #pragma omp parallel num_threads(nt)
     {
         const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
@@ -478,14 +511,15 @@ static int run_cached_turn(colibri_layer *L, cb_job *jobs, int j0, int njobs, in
     while (!st) {
         if (nr || xfill) {
             for (int i = 0; i < nr; ++i) gjobs[i] = jobs[ready[i]];
-            run_turn(L, NULL, 0, gjobs, nr, x, y, T, nt, wsbase, wstride, wsb, xfill, xprep, 0, 0);
+            st = run_turn(L, NULL, 0, gjobs, nr, x, y, T, nt, wsbase, wstride, wsb, xfill, xprep, 0, 0);
             xfill = NULL;
+            if (st) break;
         }
         st = cb_cache_next(L->cache, ready, &nr, nt);
         if (!nr) break;
     }
     if (!st)
-        run_turn(L, jobs + j0, *j1 - j0, NULL, 0, x, y, T, nt, wsbase, wstride, wsb, NULL, xprep, j0 == 0, 1);
+        st = run_turn(L, jobs + j0, *j1 - j0, NULL, 0, x, y, T, nt, wsbase, wstride, wsb, NULL, xprep, j0 == 0, 1);
     return st;
 }
 
@@ -607,7 +641,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     for (int e = 0; e < E; ++e) {
         int n = off[e + 1] - off[e];
         if (!n) continue;
-        jobs[njobs++] = (cb_job){&L->experts[e], tok + T + off[e], etw + off[e], n, h, NULL};
+        jobs[njobs++] = (cb_job){&L->experts[e], tok + T + off[e], etw + off[e], n, h, NULL, 0};
         h += (size_t)n * L->experts[e].inter;
         if (guards) guard_fill(h), h += CB_GUARD_FLOATS;
     }
@@ -627,7 +661,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
             tok[n] = t;
             tw[n++] = g;
         }
-        jobs[njobs++] = (cb_job){&L->shared, tok, tw, n, h, NULL};
+        jobs[njobs++] = (cb_job){&L->shared, tok, tw, n, h, NULL, 0};
         if (guards) guard_fill(h + (size_t)n * S);
     }
 
@@ -652,7 +686,7 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     } else if (claimed) {
         st = run_decode_claimed(L, jobs, njobs, x, y, T, nt, wsbase, wstride, wsb);
     } else if (njobs) {
-        run_turn(L, jobs, njobs, jobs, njobs, x, y, T, nt, wsbase, wstride, wsb, xprep, xprep, 1, 1);
+        st = run_turn(L, jobs, njobs, jobs, njobs, x, y, T, nt, wsbase, wstride, wsb, xprep, xprep, 1, 1);
     }
     if (st) return st;
     if (guards) {
