@@ -96,14 +96,16 @@ def test_thread_count_does_not_change_the_result(lib, dtype, experts):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_claimed_decode_is_the_same_at_every_thread_count(lib, dtype):
-    """Decode on several threads claims its work in chunks of about 2^20 weights
-    (kernels/claim.c): here 3 gate/up chunks per expert and 2 down chunks at one token, 6 and
-    3 at two, a shared expert of other sizes beside them. Each output is the static split's
-    bits at any thread count, an odd one included."""
+def test_claimed_work_is_the_same_at_every_thread_count(lib, dtype):
+    """Threads claim a call's work in chunks (kernels/claim.c). Decode: about 2^20 weights
+    an item, here 3 gate/up chunks per expert and 2 down chunks at one token, 6 and 3 at two.
+    Prefill: about 2^25 weights x tokens, so at 40 tokens (about 30 per expert) 3 gate/up
+    chunks per expert, at 3 tokens experts of 1-3 tokens, and the down projections in
+    column chunks over every expert. A shared expert of other sizes runs beside them. Each
+    output is the one-thread call's bits at any thread count, an odd one included."""
     case = make_case(H=1024, I=1536, E=4, k=3, S=700, gated=True, seed=5)
     layers = [layer(case, dtype, threads=n) for n in (1, 2, 3, 4)]
-    for T in (1, 2):
+    for T in (1, 2, 3, 40):
         x = case.inputs(T)
         outs = [L(x) for L in layers]
         for o in outs[1:]:
@@ -121,24 +123,29 @@ def reference_case(request):
     return make_case(**shape)
 
 
+def _decode_and_prefill(case, dtype):
+    """The engine at T=1 and T=9, one call each, against the reference. The reference runs
+    once on both token sets together and is sliced: its rows are independent (routing,
+    shared expert and activation rounding are per token), and each routed expert's weights
+    are converted to float64 once, not once per T."""
+    L = layer(case, dtype)
+    xs = [case.inputs(T, seed=T) for T in (1, 9)]
+    refs = np.split(case.reference(np.concatenate(xs), dtype), [len(xs[0])])
+    for x, ref in zip(xs, refs):
+        assert_engine(L(x), ref, dtype)
+
+
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d != "int4"])
 def test_reference_shapes(lib, reference_case, dtype):
     """Real model shapes (weights of every expert resident), decode and a short prefill."""
-    L = layer(reference_case, dtype)
-    for T in (1, 9):
-        x = reference_case.inputs(T, seed=T)
-        assert_engine(L(x), reference_case.reference(x, dtype), dtype)
+    _decode_and_prefill(reference_case, dtype)
 
 
 def test_reference_shape_int4k(lib):
     """int4 on one real shape, DeepSeek-V2-Lite's: its 1408-wide down rows end in a
     half super-block (the other shapes' rows are whole ones; quantizing every shape's
     experts would add minutes to the suite)."""
-    case = make_case(**dict(REFERENCE_SHAPES["deepseek-v2-lite"]))
-    L = layer(case, "int4")
-    for T in (1, 9):
-        x = case.inputs(T, seed=T)
-        assert_engine(L(x), case.reference(x, "int4"), "int4")
+    _decode_and_prefill(make_case(**dict(REFERENCE_SHAPES["deepseek-v2-lite"])), "int4")
 
 
 def test_layer_reports_its_arena(lib, thp_offered):
