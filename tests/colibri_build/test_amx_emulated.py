@@ -75,24 +75,41 @@ def _failures(lib, case, dtypes=DTYPES, tokens=TOKENS):
 
 
 @pytest.fixture(scope="module")
-def emulated_lib(runs_here, tmp_path_factory):
-    """The profile's defaults: f32 (row layout), bf16, int8, int4g32 and int4 (packed) take the
-    tiles."""
-    return build_profile(EMULATED, build_dir=tmp_path_factory.mktemp("amxemu"), quiet=True)
+def build_root(tmp_path_factory):
+    """One build folder for the profile's four libraries: the objects outside the kernel
+    parts do not depend on the knobs, so the builds after the first compile little else."""
+    return tmp_path_factory.mktemp("amxbuild")
+
+
+def _build(build_root, tmp_path_factory, name, cfg=None):
+    """The library built in the shared folder, copied out (the next build replaces it there,
+    and open_library keeps the library it first loaded from a path)."""
+    built = build_profile(EMULATED, config=cfg, build_dir=build_root, quiet=True)
+    out = tmp_path_factory.mktemp(name)
+    for f in ("libcolibri.so", "build_info.json"):
+        shutil.copy2(built.parent / f, out / f)
+    return out / "libcolibri.so"
 
 
 @pytest.fixture(scope="module")
-def other_lib(runs_here, tmp_path_factory):
+def emulated_lib(runs_here, build_root, tmp_path_factory):
+    """The profile's defaults: f32 (row layout), bf16, int8, int4g32 and int4 (packed) take the
+    tiles."""
+    return _build(build_root, tmp_path_factory, "amxemu")
+
+
+@pytest.fixture(scope="module")
+def other_lib(runs_here, build_root, tmp_path_factory):
     """The int tiles off (int8, int4g32 and int4 packed: the packed kernels) and bf16 in its
     row layout (amx.j2's tiles)."""
     cfg = render.write_config_h(tmp_path_factory.mktemp("cfg") / "other.h",
                                 {"amx_int8": 0, "amx_int4": 0, "amx_int4k": 0, "layout_bf16": "rows"},
                                 signature="0", profile=EMULATED)
-    return build_profile(EMULATED, config=cfg, build_dir=tmp_path_factory.mktemp("amxother"), quiet=True)
+    return _build(build_root, tmp_path_factory, "amxother", cfg)
 
 
 @pytest.fixture(scope="module")
-def rows_lib(runs_here, tmp_path_factory):
+def rows_lib(runs_here, build_root, tmp_path_factory):
     """int8 and int4g32 in their row layouts on the tiles (amx_int.j2), and off them (the
     dot-product gemm)."""
     libs = []
@@ -100,8 +117,7 @@ def rows_lib(runs_here, tmp_path_factory):
         cfg = render.write_config_h(tmp_path_factory.mktemp("cfg") / f"rows{amx}.h",
                                     {"amx_int8": amx, "layout_int8": "rows", "amx_int4": amx, "layout_int4": "rows"},
                                     signature="0", profile=EMULATED)
-        libs.append(build_profile(EMULATED, config=cfg, build_dir=tmp_path_factory.mktemp(f"amxrows{amx}"),
-                                  quiet=True))
+        libs.append(_build(build_root, tmp_path_factory, f"amxrows{amx}", cfg))
     return libs
 
 

@@ -75,8 +75,12 @@ def test_edited_manifest_is_refused(made, tmp_path):
     assert rc == 4 and "do not hash to its signature" in out
 
 
-def test_retime_against_the_default_flags_drift(made, tmp_path):
-    build = str(made["root"] / "build")
+def test_retime_against_the_default_flags_drift(made, tmp_path, lib):
+    from colibri_build.paths import build_dir_default
+
+    # the default build folder, which the session's `lib` fixture brought up to date: scons
+    # finds the default library there current (a fresh --build-dir compiled all of it)
+    build = str(build_dir_default())
     # a threshold no machine can cross: both libraries verified and timed, no drift (the
     # gate sample has no threshold to widen: its noise is not this test's subject)
     rc, out, err = check(made["result"]["tarball"], "--rounds", "1", "--min-seconds", "0.05",

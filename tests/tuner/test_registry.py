@@ -154,7 +154,9 @@ def slow_templates(tmp_path):
 GENERIC_PREFETCH = get_profile("generic").knobs["prefetch_f32"]
 
 
-def tune(tmp_path, templates, store, *extra):
+def tune(tmp_path, templates, lib, store, *extra):
+    """A tuner run on `templates`, its binding on `lib` (conftest.checkout_lib: the
+    templates' new mtimes do not make the checkout's default library rebuild from them)."""
     args = ["run", "--problem", P1, "--profile", "generic", "--strategy", "exhaustive", "--threads", "1",
             "--min-seconds", "0.2", "--no-bandwidth", "--no-report", "--build-dir", str(tmp_path / "build"),
             "--store", str(store), "--json", "--space", "isa=portable", "--space", "rows=2",
@@ -162,15 +164,16 @@ def tune(tmp_path, templates, store, *extra):
             "--space", "fault=none,slow,slower,slowest", *extra]
     res = subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, capture_output=True,
                          text=True, timeout=900,
-                         env=dict(os.environ, COLIBRI_TEMPLATES_DIR=str(templates)))
+                         env=dict(os.environ, COLIBRI_TEMPLATES_DIR=str(templates), COLIBRI_LIB=lib))
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout), res.stderr
 
 
-def test_run_from_registry_measures_fewer_and_finds_the_same_winner(tmp_path, slow_templates):
+def test_run_from_registry_measures_fewer_and_finds_the_same_winner(tmp_path, checkout_lib,
+                                                                    slow_templates):
     from colibri_build import shapes
 
-    cold, _ = tune(tmp_path, slow_templates, tmp_path / "machine-a.sqlite")
+    cold, _ = tune(tmp_path, slow_templates, checkout_lib, tmp_path / "machine-a.sqlite")
     # the winner runs for the tuned shape's class; every other shape keeps the default
     tiny = shapes.class_of(256, 128)
     assert shapes.for_class(cold["winner"]["knobs"], tiny)["fault"] == "none"
@@ -179,7 +182,7 @@ def test_run_from_registry_measures_fewer_and_finds_the_same_winner(tmp_path, sl
     reg = tmp_path / "registry.sqlite"
     assert merge([tmp_path / "machine-a.sqlite"], reg)["added"] == 4
     # a new machine of the same kind: its own empty store, the registry's best two
-    warm, err = tune(tmp_path, slow_templates, tmp_path / "machine-b.sqlite",
+    warm, err = tune(tmp_path, slow_templates, checkout_lib, tmp_path / "machine-b.sqlite",
                      "--from-registry", str(reg), "--registry-top", "2")
     assert warm["measured_this_run"] < cold["measured_this_run"]
     assert warm["measured_this_run"] == 2  # the default (fault=slow, a seed too), fault=none

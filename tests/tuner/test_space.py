@@ -91,10 +91,13 @@ def test_every_real_template_gives_a_consistent_space(template):
     cut = {n: list(spec.knobs[n].values[:2 if n in two else 1]) for n in names}
     space = Space.from_spec(spec, isas, overrides=cut)
     assert space.size() == len(brute_force(spec, isas, cut)) > 0
-    sub = space.subspace(**{n: [space.points()[0][n]] for n in list(spec.knobs)[1:]})
-    assert sub.points() == [p for p in space.points() if all(p[n] == sub.points()[0][n]
-                                                            for n in list(spec.knobs)[1:])]
-    assert all(space.contains(q) for q in space.neighbours(space.points()[-1]))
+    # each points() list (a dict per point) built once, not once per point and knob
+    points, rest = space.points(), list(spec.knobs)[1:]
+    sub = space.subspace(**{n: [points[0][n]] for n in rest})
+    sub_points = sub.points()
+    first = sub_points[0]
+    assert sub_points == [p for p in points if all(p[n] == first[n] for n in rest)]
+    assert all(space.contains(q) for q in space.neighbours(points[-1]))
 
 
 def test_profile_isas_cut_and_order_the_isa_knob(spec):

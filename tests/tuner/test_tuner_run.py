@@ -72,8 +72,15 @@ def make_broken_templates(d: Path) -> Path:
     return d
 
 
+def templates_env(templates: Path, lib: str) -> dict:
+    """The environment of a tuner run on `templates`, its binding on the checkout's default
+    library (conftest.checkout_lib: nothing rebuilds that from the test templates)."""
+    return dict(os.environ, COLIBRI_TEMPLATES_DIR=str(templates), COLIBRI_LIB=lib)
+
+
 @pytest.fixture
-def broken_templates(tmp_path, monkeypatch):
+def broken_templates(tmp_path, monkeypatch, checkout_lib):
+    # checkout_lib first: found while $COLIBRI_TEMPLATES_DIR is still the checkout's
     d = make_broken_templates(tmp_path / "templates")
     monkeypatch.setenv("COLIBRI_TEMPLATES_DIR", str(d))
     return d
@@ -85,14 +92,19 @@ def _run_in_subprocess(tmp_path, extra_env, args, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_faulty_variants_are_recorded_and_a_correct_winner_is_chosen(tmp_path, broken_templates):
-    # run in a fresh process: the templates directory is read at import time
+def test_faulty_variants_are_recorded_and_a_correct_winner_is_chosen(tmp_path, broken_templates,
+                                                                    checkout_lib):
+    # run in a fresh process: the templates directory is read at import time. The hanging
+    # variant costs the whole worker timeout: 10 s, where a healthy worker on the tiny
+    # problem (start, verify, 0.05 s timed) needs a few; race and gate timed as --quick's
+    # (tuner/cli.py)
     code = f"""
 import json, sys
 from pathlib import Path
 from tuner.run import RunConfig, run
 cfg = RunConfig(profile="generic", problems={PROBLEMS!r}, strategy="exhaustive", quick=True,
-                min_seconds=0.05, race_rounds=(1, 1), worker_timeout_s=20,
+                min_seconds=0.05, race_rounds=(1, 1), worker_timeout_s=10,
+                race_min_seconds=0.05, gate_min_seconds=0.05, gate_rounds=6,
                 build_dir=Path({str(tmp_path / 'build')!r}),
                 report_dir=Path({str(tmp_path / 'reports')!r}),
                 space_overrides={{"isa": ["portable"], "rows": [1], "tok_block": [1],
@@ -103,7 +115,7 @@ s = run(cfg, host={FAKE_HOST!r})
 json.dump(s, sys.stdout, default=str)
 """
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         timeout=900, env=dict(os.environ, COLIBRI_TEMPLATES_DIR=str(broken_templates)))
+                         timeout=900, env=templates_env(broken_templates, checkout_lib))
     assert res.returncode == 0, res.stderr[-3000:]
     s = json.loads(res.stdout)
     assert s["winner"]["knobs"]["fault"] == "none"
@@ -299,11 +311,11 @@ def _tuned_set(build: Path):
 KILL_PLAN = (2, 3, 4, 3)
 
 
-def test_kill_9_at_random_points_loses_nothing_and_ends_as_an_uninterrupted_run(tmp_path):
+def test_kill_9_at_random_points_loses_nothing_and_ends_as_an_uninterrupted_run(tmp_path, checkout_lib):
     import random
 
     templates = make_broken_templates(tmp_path / "templates")
-    env = dict(os.environ, COLIBRI_TEMPLATES_DIR=str(templates))
+    env = templates_env(templates, checkout_lib)
     build, store = tmp_path / "build", tmp_path / "store.sqlite"
     common = ["--problem", "tiny/decode/f32", "--profile", "generic", "--strategy", "exhaustive",
               "--quick", "--min-seconds", "0.2", "--no-bandwidth", "--threads", "1",
@@ -370,9 +382,9 @@ def _lock_holder(lock: Path) -> str:
         return ""
 
 
-def test_a_second_run_on_a_locked_store_refuses_or_waits_and_never_interleaves(tmp_path):
+def test_a_second_run_on_a_locked_store_refuses_or_waits_and_never_interleaves(tmp_path, checkout_lib):
     templates = make_broken_templates(tmp_path / "templates")
-    env = dict(os.environ, COLIBRI_TEMPLATES_DIR=str(templates))
+    env = templates_env(templates, checkout_lib)
     store = tmp_path / "store.sqlite"
     base = ["--problem", "tiny/decode/f32", "--profile", "generic", "--quick", "--min-seconds",
             "0.02", "--no-bandwidth", "--threads", "1", "--no-emit", "--build-dir",
@@ -405,9 +417,9 @@ def test_a_second_run_on_a_locked_store_refuses_or_waits_and_never_interleaves(t
     assert sorted(faults[:3]) == ["none", "slow", "wrong"] and faults[3:] == ["oob_out"], faults
 
 
-def _run_faults(tmp_path, faults):
+def _run_faults(tmp_path, faults, checkout_lib):
     templates = make_broken_templates(tmp_path / "templates")
-    env = dict(os.environ, COLIBRI_TEMPLATES_DIR=str(templates))
+    env = templates_env(templates, checkout_lib)
     store = tmp_path / "store.sqlite"
     res = subprocess.run([sys.executable, "-m", "tuner", "run", "--problem", "tiny/decode/f32",
                           "--profile", "generic", "--quick", "--min-seconds", "0.02",
@@ -420,8 +432,8 @@ def _run_faults(tmp_path, faults):
                                                  for r in _full_rows(store).values()]
 
 
-def test_a_variant_with_the_defaults_machine_code_is_not_timed(tmp_path):
-    s, err, timed = _run_faults(tmp_path / "a", ["none", "same", "slow"])
+def test_a_variant_with_the_defaults_machine_code_is_not_timed(tmp_path, checkout_lib):
+    s, err, timed = _run_faults(tmp_path / "a", ["none", "same", "slow"], checkout_lib)
     (decode,) = [c for c in s["classes"] if c["class"] == "decode"]
     assert len(decode["same_code_as_default"]) == 1 and "fault=same" in decode["same_code_as_default"][0]
     assert sorted(timed) == ["none", "slow"]  # "same" was built and compared, never timed
@@ -431,13 +443,14 @@ def test_a_variant_with_the_defaults_machine_code_is_not_timed(tmp_path):
     # a quick run compiles its variants once, while the weights are written
     assert err.count("with scons -j") == 1 and "while the weights are written" in err
     # a class whose every variant is the default's code is not tuned at all, nothing timed
-    s, err, timed = _run_faults(tmp_path / "b", ["none", "same"])
+    s, err, timed = _run_faults(tmp_path / "b", ["none", "same"], checkout_lib)
     assert timed == [] and not [c for c in s["classes"] if c["class"] == "decode"]
     (skip,) = [c for c in s["skipped_classes"] if c["class"] == "decode"]
     assert "reach no compiled code on this profile" in skip["why"]
 
 
-def test_a_problem_whose_machine_code_was_timed_is_not_timed_again(tmp_path, broken_templates):
+def test_a_problem_whose_machine_code_was_timed_is_not_timed_again(tmp_path, broken_templates,
+                                                                   checkout_lib):
     # fault_int8 changes the int8 part only: on the f32 problem every candidate runs the
     # default's code (the f32 part, the router's too), so only the int8 problem is timed
     from colibri_build import profiles, render
@@ -459,7 +472,7 @@ s = run(cfg, host={FAKE_HOST!r})
 json.dump(s, sys.stdout, default=str)
 """
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         timeout=900, env=dict(os.environ, COLIBRI_TEMPLATES_DIR=str(broken_templates)))
+                         timeout=900, env=templates_env(broken_templates, checkout_lib))
     assert res.returncode == 0, res.stderr[-3000:]
     s = json.loads(res.stdout)
     from tuner.build.signature import variant_id
