@@ -27,8 +27,11 @@ int cb_chunk_rows(long per_row) {
     return (int)((r + 15) / 16 * 16);
 }
 
-int cb_prefill_chunk_rows(long per_row, int ntok) {
+int cb_prefill_chunk_rows(long per_row, int ntok, int rows, int nt) {
     const long work = per_row * (ntok > CB_PREFILL_STREAM_TOKENS ? ntok : CB_PREFILL_STREAM_TOKENS);
-    const long r = (CB_PREFILL_ITEM_WORK + work - 1) / (work > 0 ? work : 1);
-    return r < CB_PREFILL_MIN_ROWS ? CB_PREFILL_MIN_ROWS : (int)((r + 15) / 16 * 16);
+    long r = (CB_PREFILL_ITEM_WORK + work - 1) / (work > 0 ? work : 1);
+    const long most = (long)CB_PREFILL_ITEMS_PER_THREAD * (nt > 0 ? nt : 1), fewest = (rows + most - 1) / most;
+    if (r < fewest) r = fewest;
+    if (r < CB_PREFILL_MIN_ROWS) r = CB_PREFILL_MIN_ROWS;
+    return (int)((r + 15) / 16 * 16);
 }

@@ -140,12 +140,17 @@ int cb_chunk_rows(long per_row);
 /* A prefill's items: CB_PREFILL_ITEM_WORK weights x tokens, about, a token count below
  * CB_PREFILL_STREAM_TOKENS costing as much (an expert of few tokens streams its weights
  * rather than computes); CB_PREFILL_MIN_ROWS rows at least, so that the kernels' register
- * blocks and k chunks stay whole. Rows per item of a matrix of per_row weights for ntok
- * tokens, a multiple of 16. */
+ * blocks and k chunks stay whole; and a matrix in CB_PREFILL_ITEMS_PER_THREAD items per
+ * thread at most, since each item prepares the job's activations again where its path
+ * packs them per call (the gemms' panels, the tiles' A tiles: Mixtral's 128 tokens an
+ * expert in 64-row items ran its int8 prefill512 on the AMX tiles 0.70x, docs/amx.md).
+ * Rows per item of a matrix of `rows` rows of per_row weights for ntok tokens on nt
+ * threads, a multiple of 16. */
 #define CB_PREFILL_ITEM_WORK (1L << 25)
 #define CB_PREFILL_STREAM_TOKENS 8
 #define CB_PREFILL_MIN_ROWS 64
-int cb_prefill_chunk_rows(long per_row, int ntok);
+#define CB_PREFILL_ITEMS_PER_THREAD 2
+int cb_prefill_chunk_rows(long per_row, int ntok, int rows, int nt);
 /* A layer call's down projections: output columns in about this many chunks per thread
  * (each chunk over every expert, so of equal work): 4 cost Qwen3 int8 prefill512's down
  * phase about 5% against the static split's one (shorter weight streams, each expert's h

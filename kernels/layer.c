@@ -316,16 +316,17 @@ static void phase_prep(const colibri_layer *L, const cb_job *jobs, int njobs, in
 /* The work items of a call (claim.c): items[3 k ..] = (job, r0, r1) for every job's rows [0,
  * rows) in chunks; returns their count (with items NULL: only counts them). down: the down
  * projections' rows (H each), else the gate/up rows (inter each, two matrices of H columns).
- * whole: one item per job (one thread has nothing to even out). A job of a decode's few
- * tokens is chunked by its weights, a prefill's by weights x tokens (claim.c). */
-static int list_items(const cb_job *jobs, int njobs, int H, int down, int whole, int *items) {
+ * On nt == 1 threads one item per job (one thread has nothing to even out). A job of a
+ * decode's few tokens is chunked by its weights, a prefill's by weights x tokens and into
+ * at most a few items per thread (claim.c). */
+static int list_items(const cb_job *jobs, int njobs, int H, int down, int nt, int *items) {
     int k = 0;
     for (int j = 0; j < njobs; ++j) {
         const int R = down ? H : jobs[j].ex->inter;
         const long per_row = down ? jobs[j].ex->inter : 2L * H;
-        const int rc = whole ? R
+        const int rc = nt == 1 ? R
                        : jobs[j].ntok <= CB_DECODE_MAX_TOKENS ? cb_chunk_rows(per_row * jobs[j].ntok)
-                                                              : cb_prefill_chunk_rows(per_row, jobs[j].ntok);
+                                                              : cb_prefill_chunk_rows(per_row, jobs[j].ntok, R, nt);
         for (int r = 0; r < R; r += rc, ++k)
             if (items) items[3 * k] = j, items[3 * k + 1] = r, items[3 * k + 2] = r + rc < R ? r + rc : R;
     }
@@ -365,7 +366,7 @@ static int run_turn(const colibri_layer *L, cb_job *jobs, int njobs, const cb_jo
             at += (b + 63) / 64 * 64;
         }
     }
-    const int ngu = list_items(gjobs, ngjobs, H, 0, nt == 1, NULL);
+    const int ngu = list_items(gjobs, ngjobs, H, 0, nt, NULL);
     /* down: CB_DOWN_ITEMS_PER_THREAD column chunks per thread, of 64 columns at least (two
      * threads never share a cache line of y) */
     int cw = H;
@@ -379,7 +380,7 @@ static int run_turn(const colibri_layer *L, cb_job *jobs, int njobs, const cb_jo
     if (ib && !taken) return cb_fail(COLIBRI_ERR_NOMEM, "out of memory for %zu bytes of work items", ib);
     if (ib) {
         memset(taken, 0, (size_t)(ngu + ndn) * sizeof(int));
-        list_items(gjobs, ngjobs, H, 0, nt == 1, items);
+        list_items(gjobs, ngjobs, H, 0, nt, items);
     }
 #pragma omp parallel num_threads(nt)
     {
@@ -446,7 +447,7 @@ static int run_decode_claimed(const colibri_layer *L, cb_job *jobs, int njobs, c
         hoff[j] = hp ? hb : (size_t)-1;
         if (hp) hb += (part->xprep_bytes(L->dtype, ex->inter, jobs[j].ntok) + 63) / 64 * 64;
     }
-    const int ngu = list_items(jobs, njobs, H, 0, 0, NULL), ndn = list_items(jobs, njobs, H, 1, 0, NULL);
+    const int ngu = list_items(jobs, njobs, H, 0, nt, NULL), ndn = list_items(jobs, njobs, H, 1, nt, NULL);
     const size_t nparts = (size_t)njobs * T * H; /* the down items' partial rows, per job */
     const size_t head = ((size_t)(ngu + ndn) * 4 * sizeof(int) + 63) / 64 * 64 + (nparts * sizeof(float) + 63) / 64 * 64;
     const size_t per = xb + hb + (size_t)(njobs + 63) / 64 * 64; /* + which jobs' h it prepared */
@@ -455,8 +456,8 @@ static int run_decode_claimed(const colibri_layer *L, cb_job *jobs, int njobs, c
     int *taken = (int *)(void *)buf, *items = taken + ngu + ndn; /* items: (job, r0, r1) */
     float *parts = (float *)(void *)(buf + ((size_t)(ngu + ndn) * 4 * sizeof(int) + 63) / 64 * 64);
     memset(taken, 0, (size_t)(ngu + ndn) * sizeof(int));
-    list_items(jobs, njobs, H, 0, 0, items);
-    list_items(jobs, njobs, H, 1, 0, items + 3 * ngu);
+    list_items(jobs, njobs, H, 0, nt, items);
+    list_items(jobs, njobs, H, 1, nt, items + 3 * ngu);
 #pragma omp parallel num_threads(nt)
     {
         const int tid = omp_get_thread_num(), nth = omp_get_num_threads();

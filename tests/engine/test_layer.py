@@ -99,13 +99,14 @@ def test_thread_count_does_not_change_the_result(lib, dtype, experts):
 def test_claimed_work_is_the_same_at_every_thread_count(lib, dtype):
     """Threads claim a call's work in chunks (kernels/claim.c). Decode: about 2^20 weights
     an item, here 3 gate/up chunks per expert and 2 down chunks at one token, 6 and 3 at two.
-    Prefill: about 2^25 weights x tokens, so at 40 tokens (about 30 per expert) 3 gate/up
-    chunks per expert, at 3 tokens experts of 1-3 tokens, and the down projections in
+    Prefill: about 2^25 weights x tokens and at most 2 chunks per thread, so at 120 tokens
+    (about 90 per expert) 4, 6 and about 8 gate/up chunks per expert at 2, 3 and 4 threads (the
+    cap, then the work), at 3 tokens experts of 1-3 tokens, and the down projections in
     column chunks over every expert. A shared expert of other sizes runs beside them. Each
     output is the one-thread call's bits at any thread count, an odd one included."""
     case = make_case(H=1024, I=1536, E=4, k=3, S=700, gated=True, seed=5)
     layers = [layer(case, dtype, threads=n) for n in (1, 2, 3, 4)]
-    for T in (1, 2, 3, 40):
+    for T in (1, 2, 3, 120):
         x = case.inputs(T)
         outs = [L(x) for L in layers]
         for o in outs[1:]:
