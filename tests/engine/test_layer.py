@@ -101,7 +101,7 @@ def test_claimed_work_is_the_same_at_every_thread_count(lib, dtype):
     an item, here 3 gate/up chunks per expert and 2 down chunks at one token, 6 and 3 at two.
     Prefill: about 2^25 weights x tokens and at most 2 chunks per thread, so at 120 tokens
     (about 90 per expert) 4, 6 and about 8 gate/up chunks per expert at 2, 3 and 4 threads (the
-    cap, then the work), at 3 tokens experts of 1-3 tokens, and the down projections in
+    cap), at 3 tokens experts of 1-3 tokens, and the down projections in
     column chunks over every expert. A shared expert of other sizes runs beside them. Each
     output is the one-thread call's bits at any thread count, an odd one included."""
     case = make_case(H=1024, I=1536, E=4, k=3, S=700, gated=True, seed=5)
