@@ -12,8 +12,10 @@ from .paths import ROOT
 
 def command(*args: str) -> list[str]:
     """The argv of `scons -Q ARGS` run with this interpreter (SConstruct imports this
-    package, so it must see the same Python)."""
-    return [sys.executable, "-m", "SCons", "-Q", *args]
+    package, so it must see the same Python), on every CPU unless ARGS give -j: a library
+    is a dozen kernel parts that compile independently, seconds each."""
+    jobs = [] if any(a.startswith("-j") for a in args) else [f"-j{os.cpu_count() or 1}"]
+    return [sys.executable, "-m", "SCons", "-Q", *jobs, *args]
 
 
 def environment() -> dict[str, str]:
