@@ -125,6 +125,7 @@ def run_gate(t, knobs: dict, tuned_shapes: dict[str, list[str]]) -> dict:
         if cached.exists():
             t.say(f"gate: this candidate was checked before: taken from {cached.name}")
             return json.loads(cached.read_text())
+        t.say("gate: building the candidate and the default build (what is out of date)")
         libs = _build(t, cand)
         if isinstance(libs, str):  # the candidate does not build: ship the default
             record["passes"].append({"knobs": dict(cand), "error": libs})
