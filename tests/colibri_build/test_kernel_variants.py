@@ -108,6 +108,9 @@ def _knobs(corner):
     k["pk_gemm_min_tokens_int4"] = {6: 32, 13: 64, 5: 128, 8: 256, 9: 4096}.get(i, 128)
     k["pk_gemm_min_tokens_int8"] = {6: 32, 8: 64, 10: 256, 12: 4096, 14: 128}.get(i, 128)
     k["prefill_run_int"] = (32, 64, 128, 256)[(i // 2 + 1) % 4]
+    # their prefetches into L1 or L2, each on packed corners with and without a prefetch distance
+    k["prefill_prefetch_level_int8"] = (1, 2)[(i // 2) % 2]
+    k["prefill_prefetch_level_int4"] = (1, 2)[(i // 2 + 1) % 2]
     # packed bf16 and f32 on two corners in three each (zen4 and zen5's both ways; they pack
     # on AVX-512 and AVX2 where AMX does not take the dtype), every block shape, k-chunk and
     # run among them
