@@ -2,12 +2,20 @@
  * 2026-12-07, README.md): one generated part file included whole, one block function KFN
  * (NV vectors x NT tokens) called over a 2048-wide row in k-chunks of 256, on data that stays
  * in L1/L2. Build against a zen3 build tree's rendered part:
- *   gcc -O3 -std=c11 -ffp-contract=off -march=znver3 -mtune=znver3 -D_GNU_SOURCE \
+ *   gcc -O3 -std=c11 -ffp-contract=off -march=znver3 -mtune=znver3 -D_GNU_SOURCE -I . \
  *       -I kernels -I build/zen3/gen -DPART='"build/zen3/gen/parts/cbp_int8_<hash>.c"' \
  *       -DKFN=pk8_pre_v2_t4 -DNV=2 -DNT=4 kernel-incache.c -o incache -lm -fopenmp
- * and run ./incache 100000 (calls of the whole row; prints GOP/s three times). */
+ * and run ./incache 100000 (calls of the whole row; prints GOP/s three times).
+ * Other alternatives: -DALT_H='"<header>"' (../zen4-2c-2026-12-07/kernel-incache-alt512.h for
+ * AVX-512); -DKNAME='"<name>"' labels the output. */
 #include PART
-#include "kernel-incache-alt.h"
+#ifndef ALT_H
+#define ALT_H "kernel-incache-alt.h"
+#endif
+#include ALT_H
+#ifndef KNAME
+#define KNAME "k"
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -17,18 +25,19 @@ int main(int argc,char**argv){
     const size_t bb=(size_t)ng*PK_GS;
     uint8_t *blk=aligned_alloc(64, 4*bb);
     for(size_t i=0;i<4*bb;++i) blk[i]=(uint8_t)(rand()%255-127);
-    int8_t *q=aligned_alloc(64, 4*cols); float *s=aligned_alloc(64,4*ng*4); int32_t *nb=aligned_alloc(64,4*ng*4);
-    for(int i=0;i<4*cols;++i) q[i]=(int8_t)(rand()%255-127);
-    for(int i=0;i<4*ng;++i){s[i]=1e-3f;nb[i]=0;}
-    pk_x x[4]; for(int t=0;t<4;++t) x[t]=(pk_x){q+t*cols,s+t*ng,nb+t*ng};
-    float acc[64*8] __attribute__((aligned(64)));
+    /* up to 8 tokens */
+    int8_t *q=aligned_alloc(64, 8*cols); float *s=aligned_alloc(64,8*ng*4); int32_t *nb=aligned_alloc(64,8*ng*4);
+    for(int i=0;i<8*cols;++i) q[i]=(int8_t)(rand()%255-127);
+    for(int i=0;i<8*ng;++i){s[i]=1e-3f;nb[i]=0;}
+    pk_x x[8]; for(int t=0;t<8;++t) x[t]=(pk_x){q+t*cols,s+t*ng,nb+t*ng};
+    float acc[64*16] __attribute__((aligned(64)));
     const uint8_t *p[4]={blk,blk+bb,blk+2*bb,blk+3*bb};
     const long it=atol(argv[1]);
     for(int rep=0;rep<3;++rep){
     double t0=now();
     for(long i=0;i<it;++i) for(int g0=0; g0<ng; g0+=kcg) { __asm__ volatile("" : : "r"(acc), "r"(p), "r"(x), "r"(blk), "r"(q) : "memory"); KFN(p,x,g0,g0+kcg,acc,g0==0,bb,0); }
     double dt=now()-t0;
-    double ops=2.0*it*NV*8*NT*cols;
-    printf("%s: %.1f GOP/s (acc %g)\n", "k", ops/dt*1e-9, acc[0]);}
+    double ops=2.0*it*NV*PK_RV*NT*cols;
+    printf("%s: %.1f GOP/s (acc %g)\n", KNAME, ops/dt*1e-9, acc[0]);}
     return 0;
 }
