@@ -123,6 +123,9 @@ def _knobs(corner):
     k["layout_f32"] = "interleaved" if i % 3 != 0 else "rows"
     k["vec_prefetch_bf16"] = (0, 2048, 4096, 8192)[(i + 1) % 4]
     k["vec_prefetch_f32"] = (0, 2048, 4096, 8192)[(i + 3) % 4]
+    # their prefill's prefetches into L2, every distance among the packed corners
+    k["prefill_prefetch_packed_bf16"] = (0, 4096, 8192, 16384, 32768)[i % 5]
+    k["prefill_prefetch_packed_f32"] = (0, 4096, 8192, 16384, 32768)[(i + 2) % 5]
     return k
 
 
