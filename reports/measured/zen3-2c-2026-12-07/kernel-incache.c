@@ -41,9 +41,11 @@ int main(int argc,char**argv){
     /* up to 8 tokens */
     int8_t *q=aligned_alloc(64, 8*cols); float *s=aligned_alloc(64,8*ng*4); int32_t *nb=aligned_alloc(64,8*ng*4);
     for(int i=0;i<8*cols;++i) q[i]=(int8_t)(rand()%255-127);
-#ifdef K4
-    for(int i=0;i<8*ng;++i){s[i]=1e-3f;nb[i]=rand()%1000;}
-    k4_x x[8]; for(int t=0;t<8;++t) x[t]=(k4_x){q+t*cols,s+t*ng,nb+t*ng};
+#ifdef K4 /* the group sums as int16 (k4_x), whole super-blocks */
+    int16_t *nb16=aligned_alloc(64,8*(ng+8)*2);
+    for(int i=0;i<8*ng;++i) s[i]=1e-3f;
+    for(int i=0;i<8*(ng+8);++i) nb16[i]=(int16_t)(rand()%1000);
+    k4_x x[8]; for(int t=0;t<8;++t) x[t]=(k4_x){q+t*cols,s+t*ng,nb16+t*(ng+8)};
 #else
     for(int i=0;i<8*ng;++i){s[i]=1e-3f;nb[i]=0;}
     pk_x x[8]; for(int t=0;t<8;++t) x[t]=(pk_x){q+t*cols,s+t*ng,nb+t*ng};
