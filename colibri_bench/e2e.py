@@ -16,7 +16,12 @@ slow phases of a shared machine fall on both; the table gives medians and [min, 
 the patched/unpatched ratios. A second table splits a decode step by part (the MoE blocks,
 the attention projections, lm_head, and the rest), so a speed-up can be read against where
 the time goes; a third gives each part's decode GB/s (the weight bytes a token reads there
-over its time) and its % of the read bandwidth measured between rounds (issue 31's 85%).
+over its time) and its % of the read bandwidth measured between rounds (issue 31's 85%),
+and beside the patched MoE blocks' figure, the same blocks called back to back outside the
+model right after each patched run (one fresh token a call, as the layer bench times a
+layer): what the blocks read without the rest of the step between their calls, in the same
+window of the machine, by their total time and by their median call (the layer bench's
+statistic, which a few slow calls do not move).
 With --peer llama.cpp, each variant also runs the same model through llama.cpp
 (colibri_bench/peers/llamacpp.py: a GGUF file in the variant's weight type, bf16, q8_0 for
 int8 or q4_0 for int4, run by llama-cpp-python) in the same rounds, checked first against
@@ -88,6 +93,8 @@ def _rss() -> int:
 # itself, norms, embedding, sampling, Python) is the step's time minus these
 PARTS = ("moe", "attn_proj", "lm_head")
 PART_NAMES = {"moe": "MoE blocks", "attn_proj": "attention projections", "lm_head": "lm_head"}
+# the patched MoE blocks timed alone (time_moe_alone): by the total, and by the median call
+ALONE = ("moe_alone", "moe_alone_median")
 _ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -171,14 +178,14 @@ def read_bw(threads: int) -> float | None:
 
 
 def part_bandwidth(nbytes: dict, ms_per_token: dict, bw: float | None, rounds: list[dict] | None = None,
-                   bws: list | None = None) -> dict:
+                   bws: list | None = None, parts=PARTS) -> dict:
     """{part: {bytes, gbps, pct_bw, pct_bw_paired}} of a decode step: each part's weight bytes
     over its time; pct_bw against the median read bandwidth of the run, pct_bw_paired the
     median over rounds of each round's GB/s against the better of the two bandwidth readings
     around that round (bws[r], bws[r + 1]): a window that changes between rounds then moves
     both sides of the ratio."""
     out = {}
-    for part in PARTS:
+    for part in parts:
         key = f"{part}_decode_ms_per_token"
         ms = ms_per_token[key]
         gbps = nbytes[part] / (ms * 1e-3) / 1e9 if ms > 0 and nbytes[part] else None
@@ -239,6 +246,34 @@ def time_generate(model, clock: PartClock, prompt_tokens: int, new_tokens: int, 
             "decode_tok_s": steps / decode, "decode_ms_per_token": 1e3 * decode / steps,
             "moe_prefill_s": clock.prefill["moe"],
             **{f"{part}_decode_ms_per_token": 1e3 * clock.decode[part] / steps for part in PARTS}}
+
+
+def time_moe_alone(model, steps: int, seed: int = 2) -> dict | None:
+    """ms per decode token of the model's Colibri MoE blocks called one after another outside
+    the model, `steps` tokens' worth (each block once a token, a fresh random token each call
+    so that its experts come from memory as in a decode), through the blocks' own forward: from
+    the total time (as the model's figures are), and from the median call times the blocks (as
+    the layer bench reports a layer: a few slow calls do not move it); None where the model has
+    none."""
+    import torch
+
+    from colibri import hf
+
+    blocks = [m for m in model.modules() if isinstance(m, hf.colibri_block_class())]
+    if not blocks:
+        return None
+    H = blocks[0].layer.hidden
+    dtype = next(p.dtype for p in model.parameters())
+    xs = torch.randn(64, 1, 1, H, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    ts = []
+    with torch.no_grad():
+        for i in range(steps):
+            for j, b in enumerate(blocks):
+                t0 = time.perf_counter()
+                b.forward(xs[(i * len(blocks) + j) % 64])
+                ts.append(time.perf_counter() - t0)
+    return {"moe_alone_decode_ms_per_token": 1e3 * sum(ts) / steps,
+            "moe_alone_median_decode_ms_per_token": 1e3 * statistics.median(ts) * len(blocks)}
 
 
 def _summary(rows_a: list[dict], rows_b: list[dict]) -> dict:
@@ -355,6 +390,9 @@ def _run_variant(args, variant, base, base_clock, base_bytes, sizes, want, peer,
             for k in range(len(runs)):
                 which = (k + r) % len(runs) if r % 2 == 0 else (r - k) % len(runs)
                 rows[which].append(runs[which](args.new_tokens))
+                alone = time_moe_alone(patched, args.new_tokens - 1) if which == 1 else None
+                if alone:  # the patched blocks alone, in the same window
+                    rows[1][-1].update(alone)
             say(f"  {variant} round {r + 1}/{args.rounds}: decode {rows[0][-1]['decode_tok_s']:.2f} -> "
                 f"{rows[1][-1]['decode_tok_s']:.2f} tok/s, prefill {rows[0][-1]['prefill_tok_s']:.1f} -> "
                 f"{rows[1][-1]['prefill_tok_s']:.1f} tok/s"
@@ -374,7 +412,10 @@ def _run_variant(args, variant, base, base_clock, base_bytes, sizes, want, peer,
            "rss_after_patch": rss1, **summary,
            "read_bw_gbps": bw, "read_bw_rounds": bws,
            "decode_bandwidth": {"unpatched": part_bandwidth(base_bytes, summary["unpatched"], bw, rows_a, bws),
-                                "patched": part_bandwidth(nb, summary["patched"], bw, rows_b, bws)},
+                                "patched": part_bandwidth(nb, summary["patched"], bw, rows_b, bws),
+                                "patched_moe_alone": part_bandwidth({p: nb["moe"] for p in ALONE}, summary["patched"], bw,
+                                                                    rows_b, bws, parts=ALONE)
+                                if ALONE[0] + "_decode_ms_per_token" in summary["patched"] else None},
            "rounds": {"unpatched": rows_a, "patched": rows_b}}
     if peer:
         rows_c = rows[2]
@@ -414,19 +455,21 @@ def print_table(out: dict, stream=sys.stdout) -> None:
               file=stream)
     print("decode GB/s by part and % of the read bandwidth measured between rounds (unpatched -> "
           "patched; weight bytes a token reads over the part's time; in brackets, the median of each "
-          "round's % against the better reading around that round)", file=stream)
-    print(f"{'patched':9} {'read bw':>8} " + " ".join(f"{PART_NAMES[p]:>27}" for p in PARTS), file=stream)
+          "round's % against the better reading around that round; MoE blocks alone: the patched "
+          "blocks called back to back outside the model after each patched run, from their total "
+          "time and, in parentheses, from their median call)", file=stream)
+    print(f"{'patched':9} {'read bw':>8} " + " ".join(f"{PART_NAMES[p]:>27}" for p in PARTS)
+          + f" {'MoE blocks alone (median call)':>38}", file=stream)
+    f = lambda c: "-" if c is None or c["gbps"] is None else (
+        f"{c['gbps']:.1f}" + (f" ({c['pct_bw']:.0f}%)" if c["pct_bw"] is not None else "")
+        + (f" [{c['pct_bw_paired']:.0f}%]" if c.get("pct_bw_paired") is not None else ""))
     for wdt, r in out["results"].items():
         bw = r.get("read_bw_gbps")
-        cells = []
-        for p in PARTS:
-            a, b = r["decode_bandwidth"]["unpatched"][p], r["decode_bandwidth"]["patched"][p]
-            f = lambda c: "-" if c["gbps"] is None else (
-                f"{c['gbps']:.1f}" + (f" ({c['pct_bw']:.0f}%)" if c["pct_bw"] is not None else "")
-                + (f" [{c['pct_bw_paired']:.0f}%]" if c.get("pct_bw_paired") is not None else ""))
-            cells.append(f"{f(a)} -> {f(b)}")
-        print(f"{wdt:9} {'-' if bw is None else f'{bw:.1f}':>8} " + " ".join(f"{c:>27}" for c in cells),
-              file=stream)
+        db = r["decode_bandwidth"]
+        cells = [f"{f(db['unpatched'][p])} -> {f(db['patched'][p])}" for p in PARTS]
+        alone = db.get("patched_moe_alone") or {}
+        print(f"{wdt:9} {'-' if bw is None else f'{bw:.1f}':>8} " + " ".join(f"{c:>27}" for c in cells)
+              + f" {f(alone.get('moe_alone')) + ' (' + f(alone.get('moe_alone_median')) + ')':>38}", file=stream)
 
 
 def print_peer_table(out: dict, stream=sys.stdout) -> None:

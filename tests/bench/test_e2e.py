@@ -70,10 +70,19 @@ def test_e2e_writes_patched_against_unpatched_figures(tmp_path):
                               / max(bws[i], bws[i + 1]) for i, row in enumerate(rows))
                 assert cell["pct_bw_paired"] == pytest.approx(want[len(want) // 2] if len(want) % 2 else
                                                               (want[len(want) // 2 - 1] + want[len(want) // 2]) / 2)
+        # the patched blocks alone, back to back after each patched run: every round timed, the
+        # same bytes as the blocks in the model
+        # by their total time and by their median call
+        for key in ("moe_alone", "moe_alone_median"):
+            alone = bw["patched_moe_alone"][key]
+            assert all(row[f"{key}_decode_ms_per_token"] > 0 for row in r["rounds"]["patched"])
+            assert alone["bytes"] == bw["patched"]["moe"]["bytes"]
+            assert alone["gbps"] == pytest.approx(alone["bytes"] / r["patched"][f"{key}_decode_ms_per_token"] * 1e-6)
+            assert f"{key}_decode_ms_per_token" not in r["unpatched"]
         assert f"\n{wdt} " in res.stdout
     assert "decode tok/s" in res.stdout and "MoE ms/token" in res.stdout
     assert "decode ms/token by part" in res.stdout and "lm_head" in res.stdout
-    assert "decode GB/s by part" in res.stdout
+    assert "decode GB/s by part" in res.stdout and "MoE blocks alone" in res.stdout
 
 
 def test_e2e_refuses_too_few_new_tokens():
