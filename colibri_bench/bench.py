@@ -558,7 +558,7 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
     amx = {name: bool(open_library(path).colibri_uses_amx()) for name, path in libs.items()}
     say("bench: f32/bf16 experts with many tokens on AMX tiles: "
         + ", ".join(f"{name} {'yes' if on else 'no'}" for name, on in amx.items()))
-    from tuner.host.bandwidth import _llc_total_here, resident_copies, working_set_bytes
+    from tuner.host.bandwidth import _llc_total_here, copies_for, working_set_bytes
 
     llc = _llc_total_here()
     bw_bytes = working_set_bytes(llc)[0]
@@ -596,7 +596,7 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                     p = problems_mod.problem(f"{shape}/{phase}/{dtype}")
                     where = p.name
                     # the f32 weights the peers run are >= 4x the LLC for every reference shape
-                    copies = resident_copies(p.layer_bytes, llc, p.reread_bytes)
+                    copies = copies_for(p, llc)
                     path = weights.ensure_model(wdir, p, seed, copies, progress=say)
                     held = held_copy(path, libs["colibri-default"])
                     dtype_peers, own = peer_fns, {}
@@ -607,7 +607,7 @@ def run_bench(shapes, dtypes, phases, threads_list, min_seconds, rounds=4, seed=
                         own = {"ggml": {"weights": gl.type_name, "decode_bytes": gl.decode_bytes}}
                     if beside and beside != dtype:
                         pb = problems_mod.problem(f"{shape}/{phase}/{beside}")
-                        pb_copies = resident_copies(pb.layer_bytes, llc, pb.reread_bytes)
+                        pb_copies = copies_for(pb, llc)
                         pb_path = weights.ensure_model(wdir, pb, seed, pb_copies, progress=say)
                         # the tuned library too, where it runs other code than the default's
                         # in that dtype (same_code): two tuned libraries' formats compared

@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     from colibri._lib import default_library_path, ffi
 
     from colibri_bench.bench import Mapped, _inputs, time_colibri
-    from tuner.host.bandwidth import _llc_total_here, resident_copies
+    from tuner.host.bandwidth import _llc_total_here, copies_for
     from tuner.measure import problems, weights
 
     try:
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     wdir = build_dir_default() / "tuner" / "weights"
     weights.ensure_f32(wdir, problems.problem(f"{args.shape}/{args.phase}/f32"), 0, progress=say)
-    copies = resident_copies(p.layer_bytes, _llc_total_here(), p.reread_bytes)
+    copies = copies_for(p, _llc_total_here())
     path = weights.ensure_model(wdir, p, 0, copies, progress=say)
     layers = Mapped(path, lib_path)
     lib = layers.lib

@@ -513,7 +513,7 @@ def test_worker_memory_cap_holds_the_reference_weights_and_every_layer_copy():
     # cap from the int8 bytes alone failed its mmap
     from dataclasses import replace
 
-    from tuner.host.bandwidth import resident_copies
+    from tuner.host.bandwidth import copies_for
     from tuner.measure.problems import problem
     from tuner.measure.worker import memory_cap
 
@@ -524,7 +524,7 @@ def test_worker_memory_cap_holds_the_reference_weights_and_every_layer_copy():
         for libs in (1, 3):
             # and the throwaway copy of the first packed model a session holds
             held = (replace(p, dtype="f32").layer_bytes
-                    + (libs + 1) * resident_copies(p.layer_bytes, llc, p.reread_bytes) * p.layer_bytes)
+                    + (libs + 1) * copies_for(p, llc) * p.layer_bytes)
             assert memory_cap([p], libs, llc) >= held + (2 << 30)
     assert memory_cap([problem("tiny/decode/f32")], 1, llc) == 4 << 30
 

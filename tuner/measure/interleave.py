@@ -67,7 +67,7 @@ class Interleaved:
 
 def prepare(problems, weights_dir: str | Path, seed: int = 0, progress=None) -> None:
     """Make the model files every library of a comparison maps (once per shape and dtype)."""
-    from tuner.host.bandwidth import _llc_total_here, resident_copies
+    from tuner.host.bandwidth import _llc_total_here, copies_for
 
     llc = _llc_total_here()
     todo = list({(p.shape, p.dtype): p for p in problems}.values())
@@ -75,8 +75,7 @@ def prepare(problems, weights_dir: str | Path, seed: int = 0, progress=None) -> 
         weights.ensure_f32(weights_dir, p, seed, progress)
     # the dtypes' files side by side: encoding, checksums and writes release the GIL
     with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
-        list(pool.map(lambda p: weights.ensure_model(weights_dir, p, seed,
-                                                     resident_copies(p.layer_bytes, llc, p.reread_bytes), progress),
+        list(pool.map(lambda p: weights.ensure_model(weights_dir, p, seed, copies_for(p, llc), progress),
                       todo))
 
 

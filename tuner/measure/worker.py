@@ -67,15 +67,15 @@ def round_order(names: list, r: int) -> list:
 def memory_cap(problems, n_libs: int = 1, llc_total: int | None = None) -> int:
     """Address-space cap of a measuring worker, twice what it maps plus 2 GiB: the f32
     weights the reference reads, each library's mapping of the model files (the copies
-    of a layer it cycles through, bandwidth.resident_copies), and a session's throwaway."""
+    of a layer it cycles through, bandwidth.copies_for), and a session's throwaway."""
     from dataclasses import replace
 
-    from tuner.host.bandwidth import _llc_total_here, resident_copies
+    from tuner.host.bandwidth import _llc_total_here, copies_for
 
     llc = llc_total if llc_total is not None else _llc_total_here()
     groups = {(p.shape, p.dtype): p for p in problems}
     f32 = max((replace(p, dtype="f32").layer_bytes for p in groups.values()), default=0)
-    sizes = [resident_copies(p.layer_bytes, llc, p.reread_bytes) * p.layer_bytes for p in groups.values()]
+    sizes = [copies_for(p, llc) * p.layer_bytes for p in groups.values()]
     # and the throwaway copy a session holds (_first_packed_model), at most the largest
     return max(4 << 30, 2 * (f32 + n_libs * sum(sizes) + max(sizes, default=0)) + (2 << 30))
 
@@ -185,10 +185,10 @@ def _load_layers(lib, lib_path: str, p, job: dict):
     from colibri._lib import ffi
     from colibri.model import Model
 
-    from tuner.host.bandwidth import _llc_total_here, resident_copies
+    from tuner.host.bandwidth import _llc_total_here, copies_for
     from tuner.measure import weights
 
-    copies = resident_copies(p.layer_bytes, _llc_total_here(), p.reread_bytes)
+    copies = copies_for(p, _llc_total_here())
     # the tuner wrote the file, and _verify checks the layer's outputs: the CRC pass over
     # every copy (a quarter of a worker's time on Qwen3's int4 file) buys nothing here
     model = Model.load(weights.model_path(job["weights_dir"], p, job.get("seed", 0), copies), lib=lib,
