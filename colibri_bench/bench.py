@@ -24,7 +24,10 @@ experts' weights are resident). Where one layer's weights are less than 4x the
 last-level cache (int4, int8, bf16 on the smaller shapes), or its shared expert (read
 by every call) is, Colibri cycles through that many copies of the layer (layers of the
 model file; at most 8, and 3 GiB), as a model's layers follow each other, so its
-weights come from memory as they would in a model (`layer_copies` in the JSON). Colibri is timed
+weights come from memory as they would in a model (`layer_copies` in the JSON); and
+where a decode call's weights are, enough copies that the calls between two on one copy
+stream the cache's size, since consecutive tokens share some experts
+(tuner/host/bandwidth.py's copies_for). Colibri is timed
 inside C; NumPy and PyTorch by wall clock around each call, with their thread pools
 pinned to the same thread count. GB/s counts the weight bytes a decode token streams
 (k experts with their scales, the shared expert, the router).
