@@ -124,7 +124,7 @@ def test_layer_bytes_counts_every_expert_the_shared_expert_and_the_router():
 def test_resident_copies_keep_the_last_calls_experts_out_of_the_cache():
     """Consecutive decode tokens route partly to the same experts: where one call's weights
     fit in the cache a few times over, the calls between two on the same copy must stream
-    the cache's size at least (an OLMoE-shaped int4 layer ran 8-15% faster alone than in
+    the cache's size at least (an OLMoE-shaped int4 layer ran 3-17% faster alone than in
     turn with three others on a 32 MiB LLC, its calls' shared experts read from the cache)."""
     from tuner.host.bandwidth import LLC_FACTOR, copies_for, resident_copies
     from tuner.measure.problems import problem

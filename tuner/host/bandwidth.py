@@ -99,7 +99,7 @@ def resident_copies(layer_bytes: int, llc_total: int | None, reread_bytes: int =
     stream the cache's size at least: consecutive tokens route partly to the same experts
     (k / E of them, on random tokens), whose weights the call before left in the cache,
     where no call of a model of more layers finds them (an OLMoE-shaped int4 layer on a
-    32 MiB cache: 8-15% faster alone than in turn with three others). At most MAX_COPIES,
+    32 MiB cache: 3-17% faster alone than in turn with three others). At most MAX_COPIES,
     and MAX_COPY_BYTES of copies (one at least)."""
     if not llc_total or layer_bytes <= 0:
         return 1
