@@ -2,10 +2,18 @@
 (tuner/measure/interleave.py, the tuner's own comparison), on every case of the shapes,
 phases, dtypes and thread counts given; per case the median seconds of each, the speed
 ratio A/B (> 1: B is faster) and its 95% interval (tuner/decide.py), and for decode B's GB/s
-and its share of the read bandwidth (measured right before and after each group's rounds,
-the better of the two). For comparing a build with another tree's (a release, a
+and its share of the read bandwidth. For comparing a build with another tree's (a release, a
 commit before a change) or with a tuned library. B is verified against the NumPy
 reference first; A is trusted.
+
+The read bandwidth is measured at the start of every round (0.1 s at each thread count), so
+each round's decode time is set against the better of the two readings around it: on a
+shared machine whose memory moves between slow and fast windows within seconds, a figure
+from the start of a run misjudges the rounds that ran in the other window. `% bw` is the
+median of those paired shares; a last table gives it apart for the rounds of fast and of slow
+windows, judged against the best reading of the whole run at that thread count
+(colibri_bench/windows.py; with their counts): many short rounds (`--rounds 100
+--min-seconds 0.15`) catch both.
 
 Writes the table to stdout and every round to JSON (--out, default
 reports/<host-id>/ab.json)."""
@@ -19,6 +27,7 @@ from pathlib import Path
 from colibri import _cli, quant
 from colibri_build import hostid
 from colibri_build.paths import build_dir_default, reports_dir_default
+from colibri_bench import windows
 from tuner import decide
 from tuner.measure import interleave, problems as problems_mod
 
@@ -64,10 +73,9 @@ def main(argv=None) -> int:
           f"{'B GB/s':>7} {'% bw':>5}", flush=True)
     for shape_dtype in dict.fromkeys((p.shape, p.dtype) for p in probs):
         group = [p for p in probs if (p.shape, p.dtype) == shape_dtype]
-        before = {th: read_bandwidth(lib, th, nbytes) for th in threads}
         res = interleave.interleave([args.lib_a, args.lib_b], group, threads=threads,
                                     weights_dir=wdir, rounds=(args.rounds, args.rounds),
-                                    min_seconds=args.min_seconds, verify=[False, True],
+                                    min_seconds=args.min_seconds, verify=[False, True], bandwidth=True,
                                     say=lambda m: print(m, file=sys.stderr, flush=True))
         v = res.verified[1] if res.verified else None
         if not res.ok or (v and v.get("status") != "ok"):
@@ -75,25 +83,49 @@ def main(argv=None) -> int:
             print(f"{'/'.join(shape_dtype)}: {why[:300]}", flush=True)
             failed = True
             continue
-        bw = {th: max(filter(None, (before[th], read_bandwidth(lib, th, nbytes))), default=None)
-              for th in threads}
+        # each round's readings: its own and the next round's (the last round: a reading after it)
+        bws = {th: list(res.bandwidth.get(th, [])) + [read_bandwidth(lib, th, nbytes)] for th in threads}
         for name, th in res.cells:
             a, b = res.seconds[(name, th)]
             r = decide.ratio([x / y for x, y in zip(a, b)])
             p = problems_mod.problem(name)
             gbps = p.decode_bytes / decide._median(b) / 1e9 if p.T == 1 else None
-            frac = gbps / bw[th] if gbps and bw[th] else None
+            win = windows.summary([p.decode_bytes / x / 1e9 for x in b], bws[th]) if p.T == 1 else None
             row = {"case": name, "threads": th, "a_s": decide._median(a), "b_s": decide._median(b),
-                   "ratio": r.to_dict(), "b_gbps": gbps, "read_bw_gbps": bw[th],
-                   "b_bw_fraction": frac, "rounds_a": a, "rounds_b": b}
+                   "ratio": r.to_dict(), "b_gbps": gbps, "read_bw_gbps": win and win["best_gbps"],
+                   "b_bw_fraction": win and win["all"], "rounds_a": a, "rounds_b": b,
+                   "read_bw_rounds": bws[th]}
             rows.append(row)
             g = f"{gbps:.1f}" if gbps else "-"
-            f = f"{100 * frac:.0f}%" if frac else "-"
+            f = f"{100 * win['all']:.0f}%" if win and win["all"] else "-"
             print(f"{name:34} {th:>3} {row['a_s'] * 1e3:9.3f} {row['b_s'] * 1e3:9.3f} "
                   f"{r.median:6.3f} [{r.lo:6.3f}, {r.hi:6.3f}] {g:>7} {f:>5}", flush=True)
+    print_windows(rows)
     out = Path(args.out) if args.out else reports_dir_default() / hostid.host_id() / "ab.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"lib_a": args.lib_a, "lib_b": args.lib_b, "rows": rows,
                                "rounds": args.rounds, "min_seconds": args.min_seconds}, indent=1))
     print(f"written: {out}")
     return 1 if failed else 0
+
+
+def print_windows(rows: list) -> None:
+    """B's decode share of the read bandwidth in fast and in slow windows, judged against the
+    run's best reading at each thread count; into each row's "windows"."""
+    best = {}
+    for row in rows:
+        best[row["threads"]] = max([best.get(row["threads"], 0.0)] + [x for x in row["read_bw_rounds"] if x])
+    lines = []
+    for row in rows:
+        p = problems_mod.problem(row["case"])
+        if p.T != 1:
+            continue
+        row["windows"] = windows.summary([p.decode_bytes / x / 1e9 for x in row["rounds_b"]],
+                                         row["read_bw_rounds"], best[row["threads"]])
+        lines.append(f"{row['case']:34} {row['threads']:>3} {windows.text(row['windows'])}")
+    if lines:
+        print(f"decode, B's share of the read bandwidth by window (fast: both readings around a round at "
+              f"least {windows.FAST:.0%} of the run's best at its thread count, slow: both under "
+              f"{windows.SLOW:.0%}; best " + ", ".join(f"{v:.1f} GB/s at {t}" for t, v in sorted(best.items()))
+              + "):", flush=True)
+        print("\n".join(lines), flush=True)

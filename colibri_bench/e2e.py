@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from colibri import _cli
+from colibri_bench import windows
 
 SHAPES = {
     # Qwen3-30B-A3B's config.json sizes; the number of layers is the run's
@@ -179,23 +180,24 @@ def read_bw(threads: int) -> float | None:
 
 def part_bandwidth(nbytes: dict, ms_per_token: dict, bw: float | None, rounds: list[dict] | None = None,
                    bws: list | None = None, parts=PARTS) -> dict:
-    """{part: {bytes, gbps, pct_bw, pct_bw_paired}} of a decode step: each part's weight bytes
-    over its time; pct_bw against the median read bandwidth of the run, pct_bw_paired the
-    median over rounds of each round's GB/s against the better of the two bandwidth readings
-    around that round (bws[r], bws[r + 1]): a window that changes between rounds then moves
-    both sides of the ratio."""
+    """{part: {bytes, gbps, pct_bw, pct_bw_paired, windows}} of a decode step: each part's
+    weight bytes over its time; pct_bw against the median read bandwidth of the run,
+    pct_bw_paired the median over rounds of each round's GB/s against the better of the two
+    bandwidth readings around that round (bws[r], bws[r + 1]): a window that changes between
+    rounds then moves both sides of the ratio; windows: colibri_bench/windows.py's summary
+    (the fast and the slow windows' shares apart)."""
     out = {}
     for part in parts:
         key = f"{part}_decode_ms_per_token"
         ms = ms_per_token[key]
         gbps = nbytes[part] / (ms * 1e-3) / 1e9 if ms > 0 and nbytes[part] else None
-        paired = None
+        win = None
         if rounds and bws and nbytes[part] and len(bws) > len(rounds):
-            pcts = [100.0 * nbytes[part] / (row[key] * 1e-3) / 1e9 / max(bws[r], bws[r + 1])
-                    for r, row in enumerate(rounds) if row[key] > 0 and bws[r] and bws[r + 1]]
-            paired = statistics.median(pcts) if pcts else None
+            win = windows.summary([nbytes[part] / (row[key] * 1e-3) / 1e9 if row[key] > 0 else None
+                                   for row in rounds], bws)
         out[part] = {"bytes": nbytes[part], "gbps": gbps,
-                     "pct_bw": 100.0 * gbps / bw if gbps is not None and bw else None, "pct_bw_paired": paired}
+                     "pct_bw": 100.0 * gbps / bw if gbps is not None and bw else None,
+                     "pct_bw_paired": 100.0 * win["all"] if win else None, "windows": win}
     return out
 
 

@@ -1,0 +1,43 @@
+"""colibri_bench/windows.py: rounds paired with the bandwidth readings around them."""
+import pytest
+
+from colibri_bench import windows
+
+
+def test_each_round_against_the_better_reading_around_it():
+    # three rounds at 30 GB/s; readings before/after: 40, 50, 60, 60
+    w = windows.summary([30.0, 30.0, 30.0], [40.0, 50.0, 60.0, 60.0])
+    assert w["all"] == pytest.approx(30 / 60)  # shares 30/50, 30/60, 30/60
+    assert w["best_gbps"] == 60.0
+    # 40 is under 80% of 60: the readings moved; rounds 2 and 3 saw both readings >= 48
+    assert w["moved"] and w["fast_rounds"] == 2 and w["fast"] == pytest.approx(0.5)
+    assert w["slow_rounds"] == 0 and w["slow"] is None  # no round with both readings < 42
+
+
+def test_fast_and_slow_windows_apart():
+    # slow rounds near 33 GB/s reading 32; fast ones near 60 reading 50
+    gbps = [32.0, 50.0, 32.0, 50.0]
+    readings = [33.0, 33.0, 60.0, 34.0, 60.0]
+    w = windows.summary(gbps, readings)
+    # round 1 (33, 33): slow; round 2 (33, 60): neither; round 3 (60, 34): neither; round 4 (34, 60)
+    assert w["slow_rounds"] == 1 and w["slow"] == pytest.approx(32 / 33)
+    assert w["fast_rounds"] == 0
+    w = windows.summary([50.0, 50.0, 32.0], [60.0, 58.0, 60.0, 33.0])
+    assert w["fast_rounds"] == 2 and w["fast"] == pytest.approx(50 / 60)  # 50/60, 50/60
+    assert windows.text(w) == "fast 83% (n=2), slow - (n=0)"
+
+
+def test_rounds_without_a_reading_or_time_are_left_out():
+    assert windows.summary([], [30.0]) is None
+    assert windows.summary([None, 30.0], [None, 40.0, 40.0])["all"] == pytest.approx(0.75)
+    assert windows.text(None) == ""
+
+
+def test_a_run_that_stayed_slow_is_judged_against_the_best_of_a_longer_run():
+    gbps, readings = [30.0, 31.0], [33.0, 34.0, 32.0]
+    w = windows.summary(gbps, readings)  # against its own best: all of it counts as fast
+    assert not w["moved"] and w["fast_rounds"] == 2
+    w = windows.summary(gbps, readings, best=60.0)  # against the run's 60 GB/s: slow windows
+    assert w["moved"] and w["fast_rounds"] == 0 and w["slow_rounds"] == 2
+    assert w["slow"] == pytest.approx((30 / 34 + 31 / 34) / 2) and w["best_gbps"] == 60.0
+    assert windows.text(w) == "fast - (n=0), slow 90% (n=2)"
