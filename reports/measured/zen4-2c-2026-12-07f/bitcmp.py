@@ -1,8 +1,10 @@
+"""Two libcolibri.so builds' int4 layer outputs compared bit for bit: python bitcmp.py A.so B.so.
+Per (H, I, E, top_k) shape and token count T, each library at 1 and 2 threads; prints
+"H I E k T bit-identical|DIFFER max|A - B|" (A at 1 thread against B at 1 thread)."""
 import sys, numpy as np, colibri
 
 libs = sys.argv[1:3]
 rng = np.random.default_rng(0)
-outs = {}
 for H, I, E, k in [(2048, 768, 16, 4), (520, 200, 8, 2), (256, 1000, 4, 2)]:
     router = rng.standard_normal((E, H)).astype(np.float32) * 0.05
     gate = rng.standard_normal((E, I, H)).astype(np.float32) * 0.05
