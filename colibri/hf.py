@@ -252,6 +252,7 @@ def build_layer(w: _Weights, weight_dtype: str, threads=None, lib=None) -> MoELa
 
 def _module_class():
     torch = _torch()
+    _BF16, _F32 = torch.bfloat16, torch.float32
 
     class ColibriMoeBlock(torch.nn.Module):
         """A sparse-MoE block computed by a colibri.MoELayer (see colibri.hf)."""
@@ -261,21 +262,25 @@ def _module_class():
             self.layer, self.original = layer, original
             _no_handoff(self)
 
+        # forward runs right after the previous call streamed its weights through the caches,
+        # where each torch call costs 5-30 us more than warm (2026-12-07g): as few as it takes
+        # (is_cpu, not device.type; the token count once)
         def forward(self, hidden_states):
-            shape, dtype = hidden_states.shape, hidden_states.dtype
-            if hidden_states.device.type != "cpu":
+            if not hidden_states.is_cpu:
                 raise ValueError(f"{self.original} patched by Colibri runs on the CPU; got a tensor "
                                  f"on {hidden_states.device}")
+            shape, dtype = hidden_states.shape, hidden_states.dtype
             if not shape or shape[-1] != self.layer.hidden:
                 raise ValueError(f"{self.original} patched by Colibri takes [..., {self.layer.hidden}] "
                                  f"hidden states; got {tuple(shape)}")
-            if self.handoff_tokens is not None and hidden_states.numel() // shape[-1] >= self.handoff_tokens:
+            T = hidden_states.numel() // shape[-1]
+            if self.handoff_tokens is not None and T >= self.handoff_tokens:
                 out = self._handoff[0](hidden_states)
                 return out[0] if isinstance(out, tuple) else out
             x = hidden_states
-            bf16 = dtype == torch.bfloat16  # the engine takes bf16 rows as they are
-            if not bf16 and dtype != torch.float32:
-                x = x.to(torch.float32)
+            bf16 = dtype is _BF16  # the engine takes bf16 rows as they are
+            if not bf16 and dtype is not _F32:
+                x = x.to(_F32)
             if not x.is_contiguous():
                 x = x.contiguous()
             # the output in its final shape, so that no torch call follows the engine's: code
@@ -285,8 +290,8 @@ def _module_class():
             out = torch.empty(shape, dtype=x.dtype)
             # by address: the checks of MoELayer.__call__ are the ones above (its own cost
             # 3x the engine's on a small layer; issue 31's per-call budget is 30 us)
-            self.layer._forward_ptrs(x.data_ptr(), out.data_ptr(), x.numel() // shape[-1], bf16=bf16)
-            return out if out.dtype == dtype else out.to(dtype)
+            self.layer._forward_ptrs(x.data_ptr(), out.data_ptr(), T, bf16=bf16)
+            return out if bf16 or dtype is _F32 else out.to(dtype)
 
         def extra_repr(self):
             L = self.layer
@@ -303,28 +308,29 @@ def _module_class():
             self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
             _no_handoff(self)
 
-        def forward(self, x):
-            shape, dtype = x.shape, x.dtype
-            if x.device.type != "cpu":
+        def forward(self, x):  # as few torch calls as it takes (the block's forward says why)
+            if not x.is_cpu:
                 raise ValueError(f"{self.original} patched by Colibri runs on the CPU; got a tensor on {x.device}")
+            shape, dtype = x.shape, x.dtype
             if not shape or shape[-1] != self.lin.cols:
                 raise ValueError(f"{self.original} patched by Colibri takes [..., {self.lin.cols}] "
                                  f"inputs; got {tuple(shape)}")
-            if self.handoff_tokens is not None and x.numel() // shape[-1] >= self.handoff_tokens:
+            T = x.numel() // shape[-1]
+            if self.handoff_tokens is not None and T >= self.handoff_tokens:
                 return self._handoff[0](x)
             # bf16 rows go to the engine as they are; with a bias, through f32, so that the
             # sum is rounded once
-            bf16 = dtype == torch.bfloat16 and self.bias is None
-            xf = x if bf16 or dtype == torch.float32 else x.to(torch.float32)
+            bf16 = dtype is _BF16 and self.bias is None
+            xf = x if bf16 or dtype is _F32 else x.to(_F32)
             if not xf.is_contiguous():
                 xf = xf.contiguous()
             # in its final shape: no torch call after the engine's where none is needed (the
             # block's forward says why)
             out = torch.empty((*shape[:-1], self.lin.rows), dtype=xf.dtype)
-            self.lin._forward_ptrs(xf.data_ptr(), out.data_ptr(), xf.numel() // shape[-1], bf16=bf16)  # checked above
+            self.lin._forward_ptrs(xf.data_ptr(), out.data_ptr(), T, bf16=bf16)  # checked above
             if self.bias is not None:
                 out += self.bias
-            return out if out.dtype == dtype else out.to(dtype)
+            return out if bf16 or dtype is _F32 else out.to(dtype)
 
         def extra_repr(self):
             return (f"in_features={self.lin.cols}, out_features={self.lin.rows}, "

@@ -101,3 +101,39 @@ def test_handoff_summary_counts_modules_by_threshold():
     assert hf.handoff_summary({"a": None}) == "hand-off: none"
     assert hf.handoff_summary({"a": 128, "b": None, "c": 128, "d": 8}) == \
         "hand-off: 1 module(s) from 8 tokens, 2 module(s) from 128 tokens"
+
+
+def test_part_clock_times_parts_by_phase_and_gives_the_modules_back():
+    import torch
+
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = torch.nn.Linear(8, 8)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Module()])
+            self.layers[0].self_attn = Attn()
+            self.lm_head = torch.nn.Linear(8, 5)
+
+    m = Tiny()
+    q, head = m.layers[0].self_attn.q_proj, m.lm_head
+    own = head.forward = lambda x: torch.nn.Linear.forward(head, x) * 2  # an instance's own forward
+    want = head(torch.ones(1, 1, 8))
+    clock = e2e.PartClock(m)
+    assert "forward" in q.__dict__ and head.forward is not own
+    with torch.no_grad():
+        q(torch.ones(1, 3, 8))  # prefill: 3 tokens
+        q(torch.ones(1, 1, 8))
+        got = head(torch.ones(1, 1, 8))
+    assert torch.equal(got, want)  # the wrapped module still computes what it did
+    assert clock.prefill["attn_proj"] > 0 and clock.decode["attn_proj"] > 0
+    assert clock.decode["lm_head"] > 0 and clock.prefill["lm_head"] == 0 and clock.decode["moe"] == 0
+    clock.reset()
+    assert set(clock.decode.values()) == {0.0}
+    clock.remove()
+    assert "forward" not in q.__dict__ and head.forward is own
+    q(torch.ones(1, 1, 8))
+    assert clock.decode["attn_proj"] == 0  # no longer timed
