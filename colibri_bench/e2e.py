@@ -193,22 +193,23 @@ def read_bw(threads: int) -> float | None:
 
 
 def part_bandwidth(nbytes: dict, ms_per_token: dict, bw: float | None, rounds: list[dict] | None = None,
-                   bws: list | None = None, parts=PARTS) -> dict:
+                   around: list | None = None, parts=PARTS, best: float | None = None) -> dict:
     """{part: {bytes, gbps, pct_bw, pct_bw_paired, windows}} of a decode step: each part's
     weight bytes over its time; pct_bw against the median read bandwidth of the run,
     pct_bw_paired the median over rounds of each round's GB/s against the better of the two
-    bandwidth readings around that round (bws[r], bws[r + 1]): a window that changes between
-    rounds then moves both sides of the ratio; windows: colibri_bench/windows.py's summary
-    (the fast and the slow windows' shares apart)."""
+    bandwidth readings around that round (around[r]: right before it and right after it): a
+    window that changes between rounds then moves both sides of the ratio; windows:
+    colibri_bench/windows.py's summary (the fast and the slow windows' shares apart, judged
+    against `best`, the run's best reading)."""
     out = {}
     for part in parts:
         key = f"{part}_decode_ms_per_token"
         ms = ms_per_token[key]
         gbps = nbytes[part] / (ms * 1e-3) / 1e9 if ms > 0 and nbytes[part] else None
         win = None
-        if rounds and bws and nbytes[part] and len(bws) > len(rounds):
-            win = windows.summary([nbytes[part] / (row[key] * 1e-3) / 1e9 if row[key] > 0 else None
-                                   for row in rounds], bws)
+        if rounds and around and nbytes[part] and len(around) >= len(rounds):
+            win = windows.summary_of_pairs([nbytes[part] / (row[key] * 1e-3) / 1e9 if row[key] > 0 else None
+                                            for row in rounds], around, best)
         out[part] = {"bytes": nbytes[part], "gbps": gbps,
                      "pct_bw": 100.0 * gbps / bw if gbps is not None and bw else None,
                      "pct_bw_paired": 100.0 * win["all"] if win else None, "windows": win}
@@ -402,13 +403,21 @@ def _run_variant(args, variant, base, base_clock, base_bytes, sizes, want, peer,
             run_one(2)
         rows = [[] for _ in runs]
         bws = [read_bw(args.threads)]
+        # readings right before and after each patched run (and its blocks alone): a round of
+        # every run takes seconds, over which the memory's window can change
+        around = {"patched": [], "alone": []}
         for r in range(args.rounds):
             for k in range(len(runs)):
                 which = (k + r) % len(runs) if r % 2 == 0 else (r - k) % len(runs)
+                if which == 1:
+                    around["patched"].append([read_bw(args.threads)])
                 rows[which].append(runs[which](args.new_tokens))
+                if which == 1:
+                    around["patched"][-1].append(read_bw(args.threads))
                 alone = time_moe_alone(patched, args.new_tokens - 1) if which == 1 else None
                 if alone:  # the patched blocks alone, in the same window
                     rows[1][-1].update(alone)
+                    around["alone"].append([around["patched"][-1][1], read_bw(args.threads)])
             say(f"  {variant} round {r + 1}/{args.rounds}: decode {rows[0][-1]['decode_tok_s']:.2f} -> "
                 f"{rows[1][-1]['decode_tok_s']:.2f} tok/s, prefill {rows[0][-1]['prefill_tok_s']:.1f} -> "
                 f"{rows[1][-1]['prefill_tok_s']:.1f} tok/s"
@@ -421,16 +430,19 @@ def _run_variant(args, variant, base, base_clock, base_bytes, sizes, want, peer,
     rows_a, rows_b = rows[0], rows[1]
     summary = _summary(rows_a, rows_b)
     bw = statistics.median(b for b in bws if b) if any(bws) else None
+    best = max((b for b in bws + [x for v in around.values() for p in v for x in p] if b), default=None)
     nb = decode_bytes(patched, sizes["num_experts"], sizes["num_experts_per_tok"])
     # resident memory of the process (both models) before and after the patch: the
     # replaced modules' tensors go, Colibri's copies in wdt come
     out = {"modules": n, "patch_s": patch_s, "handoff": args.handoff, "handoffs": handoffs, "logits_rel_err": err, "rss_before_patch": rss0,
            "rss_after_patch": rss1, **summary,
-           "read_bw_gbps": bw, "read_bw_rounds": bws,
-           "decode_bandwidth": {"unpatched": part_bandwidth(base_bytes, summary["unpatched"], bw, rows_a, bws),
-                                "patched": part_bandwidth(nb, summary["patched"], bw, rows_b, bws),
+           "read_bw_gbps": bw, "read_bw_rounds": bws, "read_bw_around": around,
+           "decode_bandwidth": {"unpatched": part_bandwidth(base_bytes, summary["unpatched"], bw, rows_a,
+                                                            list(zip(bws, bws[1:])), best=best),
+                                "patched": part_bandwidth(nb, summary["patched"], bw, rows_b, around["patched"],
+                                                          best=best),
                                 "patched_moe_alone": part_bandwidth({p: nb["moe"] for p in ALONE}, summary["patched"], bw,
-                                                                    rows_b, bws, parts=ALONE)
+                                                                    rows_b, around["alone"], parts=ALONE, best=best)
                                 if ALONE[0] + "_decode_ms_per_token" in summary["patched"] else None},
            "rounds": {"unpatched": rows_a, "patched": rows_b}}
     if peer:

@@ -20,8 +20,13 @@ def summary(gbps: list, readings: list, best: float | None = None) -> dict | Non
     rounds: each round's before, then the last one's after; None where not measured). `best`:
     the reading the windows are judged against, the best of a longer run (default: of these
     readings; a run that never left the slow window would call it fast)."""
-    pairs = [(g, min(r0, r1), max(r0, r1)) for g, r0, r1 in zip(gbps, readings, readings[1:])
-             if g and r0 and r1]
+    return summary_of_pairs(gbps, list(zip(readings, readings[1:])), best)
+
+
+def summary_of_pairs(gbps: list, around: list, best: float | None = None) -> dict | None:
+    """summary's answer where each round has readings of its own: around[r] = (the reading
+    right before round r, the one right after)."""
+    pairs = [(g, min(r0, r1), max(r0, r1)) for g, (r0, r1) in zip(gbps, around) if g and r0 and r1]
     if not pairs:
         return None
     best = max([hi for _, _, hi in pairs] + ([best] if best else []))

@@ -55,6 +55,10 @@ def test_e2e_writes_patched_against_unpatched_figures(tmp_path):
         else:
             assert 0 < bw["patched"]["lm_head"]["bytes"] < bw["unpatched"]["lm_head"]["bytes"]
         assert r["read_bw_gbps"] > 0
+        # a reading right before and right after each patched run, and after its blocks alone
+        assert [len(x) for x in r["read_bw_around"]["patched"]] == [2, 2]
+        assert [a[0] for a in r["read_bw_around"]["alone"]] == [p[1] for p in r["read_bw_around"]["patched"]]
+        assert all(x > 0 for v in r["read_bw_around"].values() for p in v for x in p)
         # the patched model's prompt logits against the unpatched model's (seen: 0.0055 for
         # bf16 MoE blocks, 0.22 with everything in int4g32 on this random-init model)
         assert 0 < r["logits_rel_err"] <= (2e-2 if wdt == "moe:bf16" else 0.35), (wdt, r["logits_rel_err"])
@@ -64,10 +68,12 @@ def test_e2e_writes_patched_against_unpatched_figures(tmp_path):
                 ms = r[side][f"{p}_decode_ms_per_token"]
                 assert cell["gbps"] == pytest.approx(cell["bytes"] / ms * 1e-6)
                 assert cell["pct_bw"] == pytest.approx(100 * cell["gbps"] / r["read_bw_gbps"])
-                # each round against the better of the readings around it
+                # each round against the better of the readings around it: the unpatched run
+                # between the rounds' readings, the patched one between its own
                 bws, rows = r["read_bw_rounds"], r["rounds"][side]
+                around = list(zip(bws, bws[1:])) if side == "unpatched" else r["read_bw_around"]["patched"]
                 want = sorted(100 * cell["bytes"] / (row[f"{p}_decode_ms_per_token"] * 1e-3) / 1e9
-                              / max(bws[i], bws[i + 1]) for i, row in enumerate(rows))
+                              / max(around[i]) for i, row in enumerate(rows))
                 assert cell["pct_bw_paired"] == pytest.approx(want[len(want) // 2] if len(want) % 2 else
                                                               (want[len(want) // 2 - 1] + want[len(want) // 2]) / 2)
         # the patched blocks alone, back to back after each patched run: every round timed, the

@@ -41,3 +41,15 @@ def test_a_run_that_stayed_slow_is_judged_against_the_best_of_a_longer_run():
     assert w["moved"] and w["fast_rounds"] == 0 and w["slow_rounds"] == 2
     assert w["slow"] == pytest.approx((30 / 34 + 31 / 34) / 2) and w["best_gbps"] == 60.0
     assert windows.text(w) == "fast - (n=0), slow 90% (n=2)"
+
+
+def test_rounds_with_readings_of_their_own():
+    # a round's own readings, not shared with the next round: (60, 58) fast, (33, 34) slow
+    w = windows.summary_of_pairs([50.0, 32.0], [(60.0, 58.0), (33.0, 34.0)])
+    assert w["fast_rounds"] == 1 and w["fast"] == pytest.approx(50 / 60)
+    assert w["slow_rounds"] == 1 and w["slow"] == pytest.approx(32 / 34)
+    assert w == windows.summary_of_pairs([50.0, 32.0], [[58.0, 60.0], [34.0, 33.0]])  # either order
+    # the chain form is the pairs of consecutive readings
+    assert windows.summary([50.0, 32.0], [60.0, 58.0, 34.0]) == \
+        windows.summary_of_pairs([50.0, 32.0], [(60.0, 58.0), (58.0, 34.0)])
+    assert windows.summary_of_pairs([50.0], [(None, 60.0)]) is None
