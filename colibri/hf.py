@@ -263,8 +263,8 @@ def _module_class():
             _no_handoff(self)
 
         # forward runs right after the previous call streamed its weights through the caches,
-        # where each torch call costs 5-30 us more than warm (2026-12-07g): as few as it takes
-        # (is_cpu, not device.type; the token count once)
+        # where each torch call costs several times what it does warm (docs/whole-models.md):
+        # as few as it takes (is_cpu, not device.type; the token count once)
         def forward(self, hidden_states):
             if not hidden_states.is_cpu:
                 raise ValueError(f"{self.original} patched by Colibri runs on the CPU; got a tensor "

@@ -118,9 +118,8 @@ class PartClock:
     and decode (one token) calls: each part module's forward is wrapped (an instance
     attribute; remove() restores the module). Not forward hooks: they put every call of a
     module on nn.Module's slow path, whose hook dispatch runs on the cold caches that a
-    streamed call leaves and cost a patched MoE block's decode call 12-20 us
-    (2026-12-07g), about 4% of a Qwen3 int4 call in a fast memory window: a cost of the
-    measurement, not of the model."""
+    streamed call leaves, a cost of the measurement and not of the model (docs/whole-models.md,
+    "the parts timed by their forward")."""
 
     def __init__(self, model):
         self.prefill, self.decode = {}, {}
