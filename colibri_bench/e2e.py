@@ -5,15 +5,16 @@ real shapes (no download).
 
     python -m colibri_bench e2e [--shape qwen3-30b-a3b|olmoe-1b-7b] [--layers 4]
                                 [--variant moe:bf16 --variant all:int4 ...] [--prompt-tokens 128]
-                                [--new-tokens 16] [--rounds 3] [--threads 2] [--peer llama.cpp]
-                                [--handoff auto|off|N] [--out FILE]
+                                [--new-tokens 16] [--rounds 3] [--prefill-repeats 3] [--threads 2]
+                                [--peer llama.cpp] [--handoff auto|off|N] [--out FILE]
 
 The model is built in bf16 with the shape's real hidden, expert, attention and vocabulary
 sizes and `--layers` decoder layers. For each variant (moe:DTYPE, the MoE blocks on
 Colibri in DTYPE; all:DTYPE, with linear=True every projection and lm_head too) a second
 model (same seed) is patched, and the two run interleaved, `--rounds` rounds each (the order alternating), so
 slow phases of a shared machine fall on both; the table gives medians and [min, max] of
-the patched/unpatched ratios. A second table splits a decode step by part (the MoE blocks,
+the patched/unpatched ratios. A round's prefill figures are the median of
+`--prefill-repeats` prefills (the run's own, then generates of one new token). A second table splits a decode step by part (the MoE blocks,
 the attention projections, lm_head, and the rest), so a speed-up can be read against where
 the time goes; a third gives each part's decode GB/s (the weight bytes a token reads there
 over its time) and its % of the read bandwidth measured between rounds (issue 31's 85%),
@@ -237,7 +238,7 @@ def prompt_ids(prompt_tokens: int, vocab: int):
 def time_generate(model, clock: PartClock, prompt_tokens: int, new_tokens: int, vocab: int) -> dict:
     """One greedy generate(): prefill seconds (to the first new token), decode tokens/s, and
     the seconds inside each of PARTS: the MoE blocks' per phase, every part's per decode token
-    (a part the model lacks reads 0)."""
+    (a part the model lacks reads 0). With new_tokens 1 the prefill's figures only."""
     import torch
 
     times = []
@@ -256,12 +257,26 @@ def time_generate(model, clock: PartClock, prompt_tokens: int, new_tokens: int, 
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                        min_new_tokens=new_tokens, do_sample=False, streamer=Stamp(), pad_token_id=0)
     prefill = times[1] - start
+    out = {"prefill_s": prefill, "prefill_tok_s": prompt_tokens / prefill, "moe_prefill_s": clock.prefill["moe"]}
     decode = times[-1] - times[1]
     steps = len(times) - 2
-    return {"prefill_s": prefill, "prefill_tok_s": prompt_tokens / prefill,
-            "decode_tok_s": steps / decode, "decode_ms_per_token": 1e3 * decode / steps,
-            "moe_prefill_s": clock.prefill["moe"],
-            **{f"{part}_decode_ms_per_token": 1e3 * clock.decode[part] / steps for part in PARTS}}
+    if steps:
+        out.update({"decode_tok_s": steps / decode, "decode_ms_per_token": 1e3 * decode / steps,
+                    **{f"{part}_decode_ms_per_token": 1e3 * clock.decode[part] / steps for part in PARTS}})
+    return out
+
+
+def prefill_again(run_one, row: dict, repeats: int, prompt_tokens: int) -> None:
+    """Times run_one's prefill (run_one(1): a generate of one new token) repeats - 1 more
+    times and sets row's prefill figures to the median over those and row's own: one
+    128-token prefill is a fraction of a second, and single samples of it moved by up to
+    45% from round to round (docs/whole-models.md, Zen 4, 2026-12-07g). The samples stay in row."""
+    more = [run_one(1) for _ in range(repeats - 1)]
+    for key in ("prefill_s", "moe_prefill_s"):
+        if key in row:
+            row[f"{key[:-2]}_samples_s"] = [row[key]] + [m[key] for m in more]
+            row[key] = statistics.median(row[f"{key[:-2]}_samples_s"])
+    row["prefill_tok_s"] = prompt_tokens / row["prefill_s"]
 
 
 def time_moe_alone(model, steps: int, seed: int = 2) -> dict | None:
@@ -295,7 +310,8 @@ def time_moe_alone(model, steps: int, seed: int = 2) -> dict | None:
 def _summary(rows_a: list[dict], rows_b: list[dict]) -> dict:
     """Medians of each figure and of the per-round ratios patched/unpatched (speed-ups)."""
     med = lambda rows, k: statistics.median(r[k] for r in rows)
-    out = {"unpatched": {k: med(rows_a, k) for k in rows_a[0]}, "patched": {k: med(rows_b, k) for k in rows_b[0]}}
+    figures = lambda rows: [k for k, v in rows[0].items() if not isinstance(v, list)]  # not the samples
+    out = {"unpatched": {k: med(rows_a, k) for k in figures(rows_a)}, "patched": {k: med(rows_b, k) for k in figures(rows_b)}}
     speed = {"decode": lambda a, b: b["decode_tok_s"] / a["decode_tok_s"],
              "prefill": lambda a, b: b["prefill_tok_s"] / a["prefill_tok_s"],
              "moe_decode": lambda a, b: a["moe_decode_ms_per_token"] / b["moe_decode_ms_per_token"],
@@ -413,6 +429,7 @@ def _run_variant(args, variant, base, base_clock, base_bytes, sizes, want, peer,
                 rows[which].append(runs[which](args.new_tokens))
                 if which == 1:
                     around["patched"][-1].append(read_bw(args.threads))
+                prefill_again(runs[which], rows[which][-1], args.prefill_repeats, args.prompt_tokens)
                 alone = time_moe_alone(patched, args.new_tokens - 1) if which == 1 else None
                 if alone:  # the patched blocks alone, in the same window
                     rows[1][-1].update(alone)
@@ -448,7 +465,7 @@ def _run_variant(args, variant, base, base_clock, base_bytes, sizes, want, peer,
         rows_c = rows[2]
         ratio = {k: [b[f"{k}_tok_s"] / c[f"{k}_tok_s"] for b, c in zip(rows_b, rows_c)]
                  for k in ("decode", "prefill")}
-        out["llama.cpp"] = {**peer_facts, **{k: statistics.median(r[k] for r in rows_c) for k in rows_c[0]},
+        out["llama.cpp"] = {**peer_facts, **{k: statistics.median(r[k] for r in rows_c) for k in figures(rows_c)},
                             "patched_over_peer": {k: {"median": statistics.median(v), "min": min(v), "max": max(v)}
                                                   for k, v in ratio.items()},
                             "rounds": rows_c}
@@ -532,6 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=_cli.positive_int, default=16)
     ap.add_argument("--rounds", type=_cli.positive_int, default=3)
     ap.add_argument("--threads", type=_cli.positive_int, default=2)
+    ap.add_argument("--prefill-repeats", type=_cli.positive_int, default=3,
+                    help="prefills timed per run and round, their median the round's figure (default 3: "
+                    "the run's own and two generates of one new token)")
     ap.add_argument("--peer", choices=["llama.cpp"],
                     help="also run the same model through llama.cpp (llama-cpp-python; GGUF written with "
                     "the gguf package) in each variant's weight type: bf16, q8_0 for int8, q4_0 for int4")

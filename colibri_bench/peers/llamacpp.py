@@ -137,7 +137,7 @@ class LlamaCppModel:
 
     def time_generate(self, ids, new_tokens: int) -> dict:
         """e2e.time_generate's figures: prefill seconds to the first new token, decode tok/s
-        over the new_tokens - 1 steps after it."""
+        over the new_tokens - 1 steps after it (none with new_tokens 1)."""
         ids = [int(t) for t in ids]
         self.llm.reset()
         start = time.perf_counter()
@@ -149,8 +149,10 @@ class LlamaCppModel:
             tok = int(self._logits().argmax())
         t2 = time.perf_counter()
         steps = new_tokens - 1
-        return {"prefill_s": t1 - start, "prefill_tok_s": len(ids) / (t1 - start),
-                "decode_tok_s": steps / (t2 - t1), "decode_ms_per_token": 1e3 * (t2 - t1) / steps}
+        out = {"prefill_s": t1 - start, "prefill_tok_s": len(ids) / (t1 - start)}
+        if steps:
+            out.update({"decode_tok_s": steps / (t2 - t1), "decode_ms_per_token": 1e3 * (t2 - t1) / steps})
+        return out
 
     def close(self) -> None:
         self.llm.close()

@@ -16,7 +16,8 @@ def test_e2e_writes_patched_against_unpatched_figures(tmp_path):
     out = tmp_path / "e2e.json"
     res = subprocess.run([sys.executable, "-m", "colibri_bench", "e2e", "--shape", "tiny", "--layers", "2",
                           "--variant", "moe:bf16", "--variant", "all:int4g32", "--rounds", "2",
-                          "--prompt-tokens", "12", "--new-tokens", "3", "--handoff", "off", "--out", str(out)],
+                          "--prompt-tokens", "12", "--new-tokens", "3", "--prefill-repeats", "2", "--handoff", "off",
+                          "--out", str(out)],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -33,6 +34,14 @@ def test_e2e_writes_patched_against_unpatched_figures(tmp_path):
             # the hooks saw the MoE blocks: time inside them, less than the whole step
             assert 0 < row["moe_decode_ms_per_token"] < row["decode_ms_per_token"]
             assert 0 < row["moe_prefill_s"] < row["prefill_s"]
+        for side in ("unpatched", "patched"):
+            # each round's prefill: the median of --prefill-repeats samples, kept beside it
+            for row in r["rounds"][side]:
+                for key in ("prefill", "moe_prefill"):
+                    got = row[f"{key}_samples_s"]
+                    assert len(got) == 2 and min(got) <= row[f"{key}_s"] <= max(got)
+                    assert row[f"{key}_s"] == pytest.approx(sum(got) / 2)
+                assert row["prefill_tok_s"] == pytest.approx(12 / row["prefill_s"])
             # and the other parts Colibri can replace, patched or not; together less than a step
             parts = [row[f"{p}_decode_ms_per_token"] for p in ("moe", "attn_proj", "lm_head")]
             assert min(parts) > 0 and sum(parts) < row["decode_ms_per_token"]
