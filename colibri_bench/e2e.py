@@ -269,8 +269,8 @@ def time_generate(model, clock: PartClock, prompt_tokens: int, new_tokens: int, 
 def prefill_again(run_one, row: dict, repeats: int, prompt_tokens: int) -> None:
     """Times run_one's prefill (run_one(1): a generate of one new token) repeats - 1 more
     times and sets row's prefill figures to the median over those and row's own: one
-    128-token prefill is a fraction of a second, and single samples of it moved by up to
-    45% from round to round (docs/whole-models.md, Zen 4, 2026-12-07g). The samples stay in row."""
+    128-token prefill is a fraction of a second, and single samples of it moved by half or
+    more from round to round (docs/whole-models.md, Zen 4, 2026-12-07h). The samples stay in row."""
     more = [run_one(1) for _ in range(repeats - 1)]
     for key in ("prefill_s", "moe_prefill_s"):
         if key in row:
