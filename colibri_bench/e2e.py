@@ -17,7 +17,8 @@ the patched/unpatched ratios. A round's prefill figures are the median of
 `--prefill-repeats` prefills (the run's own, then generates of one new token). A second table splits a decode step by part (the MoE blocks,
 the attention projections, lm_head, and the rest), so a speed-up can be read against where
 the time goes; a third gives each part's decode GB/s (the weight bytes a token reads there
-over its time) and its % of the read bandwidth measured between rounds (issue 31's 85%),
+over its time) and its % of the read bandwidth measured between rounds (issue 31's 85%;
+the JSON also splits it into fast and slow windows, judged against the run's best reading),
 and beside the patched MoE blocks' figure, the same blocks called back to back outside the
 model right after each patched run (one fresh token a call, as the layer bench times a
 layer): what the blocks read without the rest of the step between their calls, in the same
@@ -200,20 +201,48 @@ def part_bandwidth(nbytes: dict, ms_per_token: dict, bw: float | None, rounds: l
     bandwidth readings around that round (around[r]: right before it and right after it): a
     window that changes between rounds then moves both sides of the ratio; windows:
     colibri_bench/windows.py's summary (the fast and the slow windows' shares apart, judged
-    against `best`, the run's best reading)."""
+    against `best`, the variant's best reading; judge_windows judges them again against the
+    whole run's)."""
     out = {}
     for part in parts:
         key = f"{part}_decode_ms_per_token"
         ms = ms_per_token[key]
         gbps = nbytes[part] / (ms * 1e-3) / 1e9 if ms > 0 and nbytes[part] else None
-        win = None
-        if rounds and around and nbytes[part] and len(around) >= len(rounds):
-            win = windows.summary_of_pairs([nbytes[part] / (row[key] * 1e-3) / 1e9 if row[key] > 0 else None
-                                            for row in rounds], around, best)
+        win = round_windows(nbytes[part], key, rounds, around, best)
         out[part] = {"bytes": nbytes[part], "gbps": gbps,
                      "pct_bw": 100.0 * gbps / bw if gbps is not None and bw else None,
                      "pct_bw_paired": 100.0 * win["all"] if win else None, "windows": win}
     return out
+
+
+def round_windows(nbytes: int, key: str, rounds: list[dict] | None, around: list | None,
+                  best: float | None) -> dict | None:
+    """windows.summary_of_pairs of a part's GB/s per round (nbytes over each round's `key`
+    ms) against the readings around each round, judged against `best` (None where there
+    are no rounds or readings)."""
+    if not (rounds and around and nbytes and len(around) >= len(rounds)):
+        return None
+    return windows.summary_of_pairs([nbytes / (row[key] * 1e-3) / 1e9 if row[key] > 0 else None for row in rounds],
+                                    around, best)
+
+
+def judge_windows(results: dict) -> None:
+    """Every variant's fast and slow windows judged again against the best reading of the
+    whole run: against its own best, a variant whose rounds all fell in a slow window would
+    call them fast."""
+    readings = [x for r in results.values()
+                for x in r["read_bw_rounds"] + [y for v in r["read_bw_around"].values() for p in v for y in p] if x]
+    if not readings:
+        return
+    best = max(readings)
+    for r in results.values():
+        bws, around, rounds = r["read_bw_rounds"], r["read_bw_around"], r["rounds"]
+        pairs = {"unpatched": (rounds["unpatched"], list(zip(bws, bws[1:]))),
+                 "patched": (rounds["patched"], around["patched"]),
+                 "patched_moe_alone": (rounds["patched"], around["alone"])}
+        for side, cells in r["decode_bandwidth"].items():
+            for part, cell in (cells or {}).items():
+                cell["windows"] = round_windows(cell["bytes"], f"{part}_decode_ms_per_token", *pairs[side], best)
 
 
 def prompt_logits(model, ids) -> np.ndarray:
@@ -344,6 +373,7 @@ def run(args, say) -> dict:
     finally:
         if peer:
             peer.cleanup()
+    judge_windows(results)
     return results
 
 

@@ -152,3 +152,27 @@ def test_part_clock_times_parts_by_phase_and_gives_the_modules_back():
     assert "forward" not in q.__dict__ and head.forward is own
     q(torch.ones(1, 1, 8))
     assert clock.decode["attn_proj"] == 0  # no longer timed
+
+
+def test_windows_are_judged_against_the_whole_runs_best_reading():
+    """A variant whose rounds all ran in a slow window (readings ~34 GB/s) is fast against its
+    own best reading; against the run's best (another variant's 60) its rounds are slow."""
+    def variant(reading, ms):
+        rows = [{"moe_decode_ms_per_token": m} for m in ms]
+        out = {"read_bw_rounds": [reading] * 3, "read_bw_around": {"patched": [[reading, reading]] * 2, "alone": []},
+               "rounds": {"unpatched": rows, "patched": rows}}
+        cells = {"moe": {"bytes": 30_000_000}}
+        out["decode_bandwidth"] = {"unpatched": cells, "patched": {"moe": dict(cells["moe"])}, "patched_moe_alone": None}
+        return out
+
+    slow, fast = variant(34.0, [1.0, 1.0]), variant(60.0, [0.6, 0.6])
+    own = e2e.round_windows(30_000_000, "moe_decode_ms_per_token", slow["rounds"]["patched"],
+                            slow["read_bw_around"]["patched"], None)
+    assert own["fast_rounds"] == 2 and own["slow_rounds"] == 0  # against its own best
+    e2e.judge_windows({"a": slow, "b": fast})
+    for side in ("unpatched", "patched"):
+        win = slow["decode_bandwidth"][side]["moe"]["windows"]
+        assert win["best_gbps"] == 60.0 and win["fast_rounds"] == 0 and win["slow_rounds"] == 2
+        assert win["slow"] == pytest.approx(30.0 / 34.0)  # 30 MB in 1 ms against 34 GB/s
+        won = fast["decode_bandwidth"][side]["moe"]["windows"]
+        assert won["fast_rounds"] == 2 and won["fast"] == pytest.approx(50.0 / 60.0)
