@@ -452,8 +452,8 @@ def measure_group(name, libs, build, peers, xs, threads_list, rounds, min_second
     """(per, bws) of one problem: per[threads][impl] seconds per round, bws[threads] read
     bandwidth per round; with peak_fn, pks[threads] gets each round's peaks. A tuned row
     whose median ratio reads below MIN_RATIO gets twice the rounds more (the libraries
-    only), pooled with the first: a few rounds on all threads do not resolve 2% (README,
-    "How the tuner decides")."""
+    only), pooled with the first: a few rounds on all threads do not resolve 2%
+    (docs/tuning.md, "How the tuner decides")."""
     per = {th: {} for th in threads_list}
     bws = {th: [] for th in threads_list}
     timed_rounds(libs, build, peers, xs, threads_list, rounds, min_seconds, bw_fn, per, bws,

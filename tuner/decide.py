@@ -1,5 +1,5 @@
 """When a measured speed-up counts: ratios of interleaved rounds, their 95% interval, and
-the two rules built on them (README, "How the tuner decides").
+the two rules built on them (docs/tuning.md, "How the tuner decides").
 
 A *round* times the default and a candidate back to back (in rotating order), so a drift
 of the machine moves both; a round's speed ratio is default seconds / candidate seconds

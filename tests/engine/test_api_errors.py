@@ -1,9 +1,10 @@
 """Bad input at every public entry point, through cffi (the C API) and the Python binding.
 
-The documented behaviour (kernels/colibri.h, README "Bad input"): a clear error
-(status + colibri_last_error(); TypeError / ValueError / ColibriError in Python) or a
-documented result, never a crash. NaN/Inf: a token holding one gets a NaN output row
-and leaves the other tokens' outputs as they were; NaN logits are never routed to.
+The documented behaviour (kernels/colibri.h, docs/usage.md "Bad input and long runs"): a
+clear error (status + colibri_last_error(); TypeError / ValueError / ColibriError in
+Python) or a documented result, never a crash. NaN/Inf: a token holding one gets a NaN
+output row and leaves the other tokens' outputs as they were; NaN logits are never routed
+to.
 """
 import re
 from pathlib import Path
