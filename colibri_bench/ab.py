@@ -10,10 +10,10 @@ The read bandwidth is measured at the start of every round (0.1 s at each thread
 each round's decode time is set against the better of the two readings around it: on a
 shared machine whose memory moves between slow and fast windows within seconds, a figure
 from the start of a run misjudges the rounds that ran in the other window. `% bw` is the
-median of those paired shares; a last table gives it apart for the rounds of fast and of slow
-windows, judged against the best reading of the whole run at that thread count
-(colibri_bench/windows.py; with their counts): many short rounds (`--rounds 100
---min-seconds 0.15`) catch both.
+median of those paired shares; a last table gives, apart for the rounds of fast and of slow
+windows (judged against the best reading of the whole run at that thread count,
+colibri_bench/windows.py; with their counts), every case's median A/B ratio, and for decode
+B's and A's shares: many short rounds (`--rounds 100 --min-seconds 0.15`) catch both.
 
 Writes the table to stdout and every round to JSON (--out, default
 reports/<host-id>/ab.json)."""
@@ -110,22 +110,27 @@ def main(argv=None) -> int:
 
 
 def print_windows(rows: list) -> None:
-    """B's decode share of the read bandwidth in fast and in slow windows, judged against the
-    run's best reading at each thread count; into each row's "windows"."""
+    """By window (fast and slow, judged against the run's best reading at each thread count):
+    every case's median A/B ratio (a change can win in one window and not the other), and for
+    decode B's and A's share of the read bandwidth; into each row's "ratio_windows",
+    "windows" and "windows_a"."""
     best = {}
     for row in rows:
         best[row["threads"]] = max([best.get(row["threads"], 0.0)] + [x for x in row["read_bw_rounds"] if x])
     lines = []
     for row in rows:
-        p = problems_mod.problem(row["case"])
-        if p.T != 1:
-            continue
-        row["windows"] = windows.summary([p.decode_bytes / x / 1e9 for x in row["rounds_b"]],
-                                         row["read_bw_rounds"], best[row["threads"]])
-        lines.append(f"{row['case']:34} {row['threads']:>3} {windows.text(row['windows'])}")
+        p, th = problems_mod.problem(row["case"]), row["threads"]
+        rw = row["ratio_windows"] = windows.values_by_window(
+            [a / b for a, b in zip(row["rounds_a"], row["rounds_b"])], row["read_bw_rounds"], best[th])
+        ratio = lambda k: f"{rw[k]:.3f} (n={rw[k + '_rounds']})" if rw[k] is not None else "- (n=0)"
+        line = f"{row['case']:34} {th:>3} A/B fast {ratio('fast')}, slow {ratio('slow')}"
+        if p.T == 1:
+            for key, times in (("windows", row["rounds_b"]), ("windows_a", row["rounds_a"])):
+                row[key] = windows.summary([p.decode_bytes / x / 1e9 for x in times], row["read_bw_rounds"], best[th])
+            line += f"; % bw B {windows.text(row['windows'])}; A {windows.text(row['windows_a'])}"
+        lines.append(line)
     if lines:
-        print(f"decode, B's share of the read bandwidth by window (fast: both readings around a round at "
-              f"least {windows.FAST:.0%} of the run's best at its thread count, slow: both under "
-              f"{windows.SLOW:.0%}; best " + ", ".join(f"{v:.1f} GB/s at {t}" for t, v in sorted(best.items()))
-              + "):", flush=True)
+        print(f"by window (fast: both readings around a round at least {windows.FAST:.0%} of the run's "
+              f"best at its thread count, slow: both under {windows.SLOW:.0%}; best "
+              + ", ".join(f"{v:.1f} GB/s at {t}" for t, v in sorted(best.items())) + "):", flush=True)
         print("\n".join(lines), flush=True)

@@ -30,11 +30,25 @@ def summary_of_pairs(gbps: list, around: list, best: float | None = None) -> dic
     if not pairs:
         return None
     best = max([hi for _, _, hi in pairs] + ([best] if best else []))
-    fast = [g / hi for g, lo, hi in pairs if lo >= FAST * best]
-    slow = [g / hi for g, lo, hi in pairs if hi < SLOW * best]
     return {"all": _median([g / hi for g, _, hi in pairs]), "best_gbps": best,
             "moved": min(lo for _, lo, _ in pairs) < FAST * best,
-            "fast": _median(fast) if fast else None, "fast_rounds": len(fast),
+            **_apart([(g / hi, lo, hi) for g, lo, hi in pairs], best)}
+
+
+def values_by_window(values: list, readings: list, best: float) -> dict:
+    """{fast, slow: the median of `values` (one per round, such as A/B speed ratios) over the
+    rounds of each window (None without such rounds), fast_rounds, slow_rounds}; readings as
+    summary's, the windows judged against `best`."""
+    return _apart([(v, min(r0, r1), max(r0, r1)) for v, r0, r1 in zip(values, readings, readings[1:])
+                   if v is not None and r0 and r1], best)
+
+
+def _apart(rounds: list, best: float) -> dict:
+    """The medians of the values of (value, lower reading, higher reading) rounds in fast and
+    in slow windows of the best reading `best`, with their counts."""
+    fast = [v for v, lo, _ in rounds if lo >= FAST * best]
+    slow = [v for v, _, hi in rounds if hi < SLOW * best]
+    return {"fast": _median(fast) if fast else None, "fast_rounds": len(fast),
             "slow": _median(slow) if slow else None, "slow_rounds": len(slow)}
 
 
