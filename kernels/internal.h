@@ -121,6 +121,10 @@ void cb_clear_error(void);
  * kernel parts); a layer call of at most this many tokens is a decode call (layer.c). */
 #define CB_DECODE_MAX_TOKENS 2
 
+/* A layer call of at least this many tokens per thread checks and routes its tokens on all
+ * its threads (layer.c), below on one: a barrier costs about as much as routing a few. */
+#define CB_ROUTE_SPLIT_TOKENS 4
+
 /* Decode work claimed at run time (claim.c). CB_ITEM_WEIGHTS: weights per item, about:
  * small enough that the last items even the threads out, large enough that claiming one
  * (an atomic exchange) and restarting a weight stream cost little (2^17 lost 2% to the
@@ -244,6 +248,10 @@ void *cb_scratch(int slot, size_t bytes);
 
 /* Validates a route config against n_experts; sets the error on failure. */
 int cb_route_config_check(const colibri_route_config *cfg, int n_experts);
+/* colibri_route's work for tokens [t0, t1) of a checked config, without its checks and error
+ * state: for a layer's threads, each routing its own tokens (layer.c). */
+void cb_route_rows(const float *logits, int t0, int t1, int n_experts, const colibri_route_config *cfg,
+                   int32_t *indices, float *weights, int32_t *counts);
 
 /* Releases what colibri_layer_create/loader allocated for a layer (not the struct's mapping). */
 void cb_layer_destroy(colibri_layer *layer);

@@ -249,6 +249,21 @@ size_t colibri_layer_weight_bytes(const colibri_layer *L) {
 
 /* --------------------------------------------------------------- forward */
 
+/* bad[t] = 1 where row t of x (n wide) holds a NaN or an Inf (an exponent of all ones), else
+ * 0, for rows [t0, t1): on the bits, an OR over the row, which the compiler vectorizes */
+static void flag_nonfinite(const float *x, int n, int t0, int t1, unsigned char *bad) {
+    for (int t = t0; t < t1; ++t) {
+        const float *xt = x + (size_t)t * n;
+        uint32_t any = 0;
+        for (int k = 0; k < n; ++k) {
+            uint32_t u;
+            memcpy(&u, xt + k, sizeof u);
+            any |= (u & 0x7f800000u) + 0x00800000u; /* bit 31 set only by an all-ones exponent */
+        }
+        bad[t] = (unsigned char)(any >> 31);
+    }
+}
+
 /* Splits [0, n) into nt parts at multiples of `align` (the last part takes the rest). */
 void cb_split_range(int n, int nt, int tid, int align, int *lo, int *hi) {
     long a = (long)n * tid / nt, b = (long)n * (tid + 1) / nt;
@@ -588,31 +603,36 @@ int colibri_layer_forward(colibri_layer *L, const float *x, float *y, int T, int
     char *wsbase = scratch + ws_off; /* both 64-aligned */
     unsigned char *bad = (unsigned char *)(fill + i_off); /* [T]: token's output row is NaN */
 
-    /* A token with a NaN or Inf activation gets a NaN output row and takes no part in the
-     * rest of the call, so it cannot disturb the other tokens (see colibri.h). */
-    int nbad = 0;
-    for (int t = 0; t < T; ++t) {
-        const float *xt = x + (size_t)t * H;
-        int k = 0;
-        while (k < H && isfinite(xt[k])) ++k;
-        bad[t] = k < H;
-        nbad += bad[t];
-    }
-
-    /* router logits: logits[t, e] = router[e] . x[t], split by experts */
+    /* router logits: logits[t, e] = router[e] . x[t], split by experts; then the tokens'
+     * checks (bad[]) and routing, split by tokens where each thread gets a few (on one
+     * thread, Qwen3's 128 experts took 1.4 us a token to route and 0.5 us to check) */
     memset(logits, 0, f_logits * sizeof(float));
     for (int t = 0; t < T; ++t) tok[t] = t, tw[t] = 1.0f;
     const cb_mat rmat = {L->router, NULL, E, H, NULL, 1};
+    const int split = nt > 1 && T >= CB_ROUTE_SPLIT_TOKENS * nt;
 #pragma omp parallel num_threads(nt)
     {
+        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
         int lo, hi;
-        cb_split_range(E, omp_get_num_threads(), omp_get_thread_num(), 1, &lo, &hi);
+        cb_split_range(E, nth, tid, 1, &lo, &hi);
         if (lo < hi)
             cbk_part_of(K, COLIBRI_F32)->rows_acc(COLIBRI_F32, &rmat, x, H, T, tw, tok, lo, hi, logits, E,
-                                                  rwsb ? wsbase + (size_t)omp_get_thread_num() * wstride : NULL, NULL);
+                                                  rwsb ? wsbase + (size_t)tid * wstride : NULL, NULL);
+        if (split) {
+#pragma omp barrier
+            cb_split_range(T, nth, tid, 1, &lo, &hi);
+            flag_nonfinite(x, H, lo, hi, bad);
+            cb_route_rows(logits, lo, hi, E, &L->route, isel, wsel, cnt);
+        }
     }
-    st = colibri_route(logits, T, E, &L->route, isel, wsel, cnt);
-    if (st) return st;
+    if (!split) {
+        flag_nonfinite(x, H, 0, T, bad);
+        cb_route_rows(logits, 0, T, E, &L->route, isel, wsel, cnt);
+    }
+    /* A token with a NaN or Inf activation gets a NaN output row and takes no part in the
+     * rest of the call, so it cannot disturb the other tokens (see colibri.h). */
+    int nbad = 0;
+    for (int t = 0; t < T; ++t) nbad += bad[t];
     /* Drop the bad tokens' selections; a token whose logits were all NaN (finite x whose
      * dot products overflowed) chose nothing and is bad too. */
     for (int t = 0; t < T; ++t) {

@@ -115,12 +115,17 @@ int colibri_route(const float *logits, int n_tokens, int n_experts, const colibr
     if (n_tokens == 0) return COLIBRI_OK;
     if (!logits || !indices || !weights)
         return cb_fail(COLIBRI_ERR_INVALID, "logits, indices and weights must not be NULL");
+    cb_route_rows(logits, 0, n_tokens, n_experts, cfg, indices, weights, counts);
+    return COLIBRI_OK;
+}
+
+void cb_route_rows(const float *logits, int t0, int t1, int n_experts, const colibri_route_config *cfg,
+                   int32_t *indices, float *weights, int32_t *counts) {
     const int slots = colibri_route_slots(cfg);
-    for (int t = 0; t < n_tokens; ++t) {
+    for (int t = t0; t < t1; ++t) {
         int32_t c;
         route_one(logits + (size_t)t * n_experts, n_experts, cfg, slots, indices + (size_t)t * slots,
                   weights + (size_t)t * slots, &c);
         if (counts) counts[t] = c;
     }
-    return COLIBRI_OK;
 }
